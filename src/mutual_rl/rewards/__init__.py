@@ -1,0 +1,40 @@
+"""Text-in rewards (DESIGN rule 12): ``fn(completion: str, answer: str) -> float``, one registry.
+
+Registered names: ``integer_match`` (strict integer exact match, the built-in task's reward),
+``boxed_integer_match``, ``last_integer`` (lenient), ``boxed_format``, ``math_verify`` (math-verify in a
+worker process with a hard time limit). Resolve a name once with :func:`get_reward`.
+"""
+
+from mutual_rl.rewards.base import (
+    RewardFn,
+    RewardResult,
+    available_rewards,
+    get_reward,
+    register_reward,
+    score,
+)
+from mutual_rl.rewards.integer import (
+    boxed_format,
+    boxed_integer_match,
+    integer_match,
+    integer_match_with_info,
+    last_integer,
+)
+from mutual_rl.rewards.verify import MathVerifier, math_verify, math_verify_with_info
+
+__all__ = [
+    "MathVerifier",
+    "RewardFn",
+    "RewardResult",
+    "available_rewards",
+    "boxed_format",
+    "boxed_integer_match",
+    "get_reward",
+    "integer_match",
+    "integer_match_with_info",
+    "last_integer",
+    "math_verify",
+    "math_verify_with_info",
+    "register_reward",
+    "score",
+]

@@ -1,0 +1,106 @@
+"""Load prompt/benchmark files into :class:`~mutual_rl.data.task.Problem` records.
+
+Formats (by extension, case-insensitive):
+
+* ``.jsonl``: one JSON object per line; blank lines are skipped; rows are numbered by 1-based line number.
+* ``.json``: a JSON array of objects if the first non-blank character is ``[``, otherwise JSON lines as above;
+  array rows are numbered 1-based.
+* ``.parquet``: via ``pyarrow`` (optional: ``pip install pyarrow``); rows numbered 1-based.
+
+Each row must be an object with a non-empty string ``problem_key`` field and a non-empty ``answer_key`` field
+(a string, or a number converted with ``str``; a float with an integer value such as ``46.0`` becomes
+``"46"``); with ``skill_key`` set, that field must be present and non-null too (converted with ``str``).
+Anything else raises one ``ValueError`` naming the file, the row, the problem and the keys present.
+``prompt_id = id_offset + i`` for the i-th loaded row (0-based, blank lines not counted).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from mutual_rl.data.task import Problem
+
+SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet")
+
+
+def _iter_json(path: Path) -> Iterator[tuple[int, Any]]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        yield from enumerate(rows, start=1)
+        return
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"{path}: line {lineno} is not valid JSON ({exc.msg}); each line must be one JSON object"
+            ) from None
+
+
+def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from None
+    yield from enumerate(pq.read_table(path).to_pylist(), start=1)
+
+
+def _answer_text(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    if isinstance(value, str) and value.strip():
+        return value
+    return None
+
+
+def load_problems(
+    path: str | Path,
+    problem_key: str = "problem",
+    answer_key: str = "answer",
+    skill_key: str | None = None,
+    id_offset: int = 0,
+) -> list[Problem]:
+    """Read ``path`` (JSONL / JSON / Parquet) into problems; see the module docstring for the exact rules."""
+    path = Path(path)
+    ext = path.suffix.lower()
+    if ext not in SUPPORTED_EXTENSIONS:
+        raise ValueError(
+            f"{path}: unsupported extension {ext!r}; supported: {', '.join(SUPPORTED_EXTENSIONS)}"
+        )
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file not found: {path}")
+    rows = _iter_parquet(path) if ext == ".parquet" else _iter_json(path)
+    where = "row" if ext != ".jsonl" else "line"
+    out: list[Problem] = []
+    for num, row in rows:
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: {where} {num} is a {type(row).__name__}, expected a JSON object")
+        problem = row.get(problem_key)
+        answer = _answer_text(row.get(answer_key))
+        skill = row.get(skill_key) if skill_key is not None else ""
+        for key, ok in (
+            (problem_key, isinstance(problem, str) and problem.strip()),
+            (answer_key, answer is not None),
+            (skill_key, skill is not None),
+        ):
+            if not ok:
+                state = "missing" if key not in row else f"empty or invalid ({row[key]!r})"
+                raise ValueError(
+                    f"{path}: {where} {num}: key {key!r} is {state}; keys present: {sorted(row)}. "
+                    f"Fix the row, or name the right column (problem_key=..., answer_key=..., skill_key=...)"
+                )
+        out.append(Problem(id_offset + len(out), problem, answer, str(skill)))
+    return out

@@ -1,0 +1,191 @@
+"""Problem record and the built-in verifiable task: integer arithmetic ``"12+34="`` -> ``"46"``.
+
+Problem space of one operator: all ordered pairs ``(a, b)`` whose operands each have a digit count in
+``digits`` (a 1-digit operand is 0..9, a d-digit one 10**(d-1)..10**d - 1); for ``"-"`` with
+``allow_negative=False`` only pairs with ``a >= b``. The text is compact, ``f"{a}{op}{b}="`` (what the tiny
+character-level policies learn, CALIBRATION.md); the answer is ``str(a op b)``.
+
+Splits, per operator (skill), deterministic from ``seed`` and independent of Python's hash seed:
+
+* held-out: ``num_heldout`` pairs drawn uniformly without replacement (rng ``"heldout:{seed}:{op}"``); they do
+  not depend on ``num_train``. A space smaller than ``num_heldout + 1`` raises ``ValueError``.
+* train: ``num_train`` split evenly over the operators (the first ``num_train % len(operators)`` get one
+  more), drawn uniformly without replacement from the pairs *not* held out (rng ``"train:{seed}:{op}"``);
+  if fewer pairs remain, all of them are used and the cap is logged at INFO (e.g. 2-digit ``"+"`` has 8,100
+  pairs, so the default 10,000 per operator is capped to 7,700). Train and held-out share no problem text.
+  The train list is shuffled across operators (rng ``"order:{seed}"``); held-out is ordered by operator.
+
+``prompt_id`` is derived from the content, so it is unique and stable across splits, seeds and sizes:
+``OPERATOR_CODES[op] * 10**8 + a * 10**4 + b`` (1xxxxxxxx for ``+``, 2... for ``-``, 3... for ``*``; below
+4 * 10**8). Problems loaded from files (``data.files``) number rows from their ``id_offset``; give them an
+offset of at least 10**9 to mix them with this task.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator as _op
+import random
+from dataclasses import dataclass, field
+from typing import Literal
+
+log = logging.getLogger(__name__)
+
+SKILLS: dict[str, str] = {"+": "add", "-": "sub", "*": "mul"}
+"""Skill name of each supported operator (used in logs and to filter problems)."""
+OPERATOR_CODES: dict[str, int] = {"+": 1, "-": 2, "*": 3}
+_APPLY = {"+": _op.add, "-": _op.sub, "*": _op.mul}
+MAX_DIGITS = 4
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt: ``problem`` text, gold ``answer`` text, and the ``skill`` it exercises (may be ``""``)."""
+
+    prompt_id: int
+    problem: str
+    answer: str
+    skill: str = ""
+
+
+def _operands(digits: list[int]) -> list[int]:
+    out: list[int] = []
+    for d in sorted(digits):
+        out.extend(range(0 if d == 1 else 10 ** (d - 1), 10**d))
+    return out
+
+
+@dataclass
+class ArithmeticTask:
+    """Built-in verifiable task: integer arithmetic with exact integer answers (module docstring)."""
+
+    operators: list[str] = field(default_factory=lambda: ["+", "-"])
+    """Operators, one skill each; supported: "+", "-", "*"."""
+    digits: int | list[int] = 2
+    """Digit count(s) of each operand, 1..4; with a list each operand may have any of them."""
+    num_train: int = 20000
+    """Training problems in total, split evenly over operators (capped at the distinct problems left)."""
+    num_heldout: int = 400
+    """Held-out problems per operator (skill); ≥ 400 per skill gives ~2-point standard error."""
+    seed: int = 0
+    """Seed of the problem draws."""
+    answer_format: Literal["integer", "boxed"] = "integer"
+    """Expected completion: "integer" ("46") or "boxed" ("\\boxed{46}"); the answer string is "46" either way."""
+    allow_negative: bool = False
+    """For "-": allow a < b (negative answers); if False only a >= b."""
+
+    def __post_init__(self) -> None:
+        if not self.operators:
+            raise ValueError("ArithmeticTask.operators must not be empty; supported: '+', '-', '*'")
+        bad = [o for o in self.operators if o not in SKILLS]
+        if bad:
+            raise ValueError(f"ArithmeticTask.operators: unsupported {bad}; supported: '+', '-', '*'")
+        if len(set(self.operators)) != len(self.operators):
+            raise ValueError(f"ArithmeticTask.operators has duplicates: {self.operators}")
+        digits = [self.digits] if isinstance(self.digits, int) else list(self.digits)
+        if not digits or any(not isinstance(d, int) or not 1 <= d <= MAX_DIGITS for d in digits):
+            raise ValueError(
+                f"ArithmeticTask.digits must be an int or list of ints in 1..{MAX_DIGITS}, got {self.digits}"
+            )
+        self._digits = sorted(set(digits))
+        if self.num_train < 0 or self.num_heldout < 0:
+            raise ValueError(
+                f"num_train and num_heldout must be >= 0, got {self.num_train}, {self.num_heldout}"
+            )
+        if self.answer_format not in ("integer", "boxed"):
+            raise ValueError(f"answer_format must be 'integer' or 'boxed', got {self.answer_format!r}")
+        self._values = _operands(self._digits)
+        for o in self.operators:
+            size = self.space_size(o)
+            if size <= self.num_heldout:
+                raise ValueError(
+                    f"ArithmeticTask: operator {o!r} with digits={self.digits} has only {size} distinct problems, "
+                    f"not more than num_heldout={self.num_heldout}; lower num_heldout or raise digits"
+                )
+        self._cache: dict[str, list[Problem]] = {}
+
+    @property
+    def skills(self) -> list[str]:
+        """Skill names in operator order, e.g. ``["add", "sub"]``."""
+        return [SKILLS[o] for o in self.operators]
+
+    @property
+    def default_reward(self) -> str:
+        """Registered reward matching ``answer_format``: "integer_match" or "boxed_integer_match"."""
+        return "integer_match" if self.answer_format == "integer" else "boxed_integer_match"
+
+    def space_size(self, op: str) -> int:
+        """Number of distinct problems of operator ``op``."""
+        m = len(self._values)
+        return m * (m + 1) // 2 if (op == "-" and not self.allow_negative) else m * m
+
+    def _pair(self, op: str, index: int) -> tuple[int, int]:
+        m, vals = len(self._values), self._values
+        if op == "-" and not self.allow_negative:  # triangular index -> (i, j), i >= j
+            i = (math.isqrt(8 * index + 1) - 1) // 2
+            return vals[i], vals[index - i * (i + 1) // 2]
+        return vals[index // m], vals[index % m]
+
+    def _problem(self, op: str, index: int) -> Problem:
+        a, b = self._pair(op, index)
+        pid = OPERATOR_CODES[op] * 10**8 + a * 10**4 + b
+        return Problem(pid, f"{a}{op}{b}=", str(_APPLY[op](a, b)), SKILLS[op])
+
+    def _split(self, op: str) -> tuple[list[Problem], list[Problem]]:
+        size = self.space_size(op)
+        held = random.Random(f"heldout:{self.seed}:{op}").sample(range(size), self.num_heldout)
+        k = self.operators.index(op)
+        n_ops = len(self.operators)
+        want = self.num_train // n_ops + (1 if k < self.num_train % n_ops else 0)
+        avail = size - self.num_heldout
+        if want > avail:
+            log.info(
+                "ArithmeticTask: %r has %d problems left after held-out; train capped %d -> %d",
+                op,
+                avail,
+                want,
+                avail,
+            )
+            want = avail
+        held_set = set(held)
+        cand = random.Random(f"train:{self.seed}:{op}").sample(
+            range(size), min(size, want + self.num_heldout)
+        )
+        train = [i for i in cand if i not in held_set][:want]
+        return [self._problem(op, i) for i in train], [self._problem(op, i) for i in held]
+
+    def _build(self) -> None:
+        train: list[Problem] = []
+        held: list[Problem] = []
+        for op in self.operators:
+            t, h = self._split(op)
+            train += t
+            held += h
+        random.Random(f"order:{self.seed}").shuffle(train)
+        self._cache = {"train": train, "heldout": held}
+
+    def problems(self, split: Literal["train", "heldout"], skills: list[str] | None = None) -> list[Problem]:
+        """Problems of ``split``, optionally only those whose skill is in ``skills`` (e.g. ``["add"]``)."""
+        if split not in ("train", "heldout"):
+            raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+        if skills is not None:
+            unknown = sorted(set(skills) - set(self.skills))
+            if unknown:
+                raise ValueError(f"unknown skills {unknown}; this task has {self.skills}")
+        if not self._cache:
+            self._build()
+        out = self._cache[split]
+        return list(out) if skills is None else [p for p in out if p.skill in set(skills)]
+
+    def train_problems(self) -> list[Problem]:
+        """All training problems (shuffled across operators)."""
+        return self.problems("train")
+
+    def heldout_problems(self) -> list[Problem]:
+        """All held-out problems (``num_heldout`` per operator, grouped by operator)."""
+        return self.problems("heldout")
+
+    def target_text(self, problem: Problem) -> str:
+        """Supervised completion for warm-start SFT: ``"46"`` or ``"\\boxed{46}"``."""
+        return problem.answer if self.answer_format == "integer" else "\\boxed{" + problem.answer + "}"

@@ -1,0 +1,65 @@
+"""Reward registry: one signature, names resolved once (DESIGN rules 2 and 12).
+
+A reward function takes text and returns a float::
+
+    fn(completion: str, answer: str) -> float
+
+``completion`` is the policy's generated text (without the prompt), ``answer`` the gold answer string of the
+prompt. The verifiable rewards shipped here are binary (0.0 or 1.0). Functions that can say *why* they gave a
+score have a ``*_with_info`` twin returning :class:`RewardResult`; the registry holds the float functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+RewardFn = Callable[[str, str], float]
+
+_REGISTRY: dict[str, RewardFn] = {}
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """A reward value plus a short note on how it was reached.
+
+    ``info`` is ``""`` for an ordinary verdict, otherwise a short reason such as ``"no answer found"``,
+    ``"timeout"`` or ``"error: ..."``.
+    """
+
+    value: float
+    info: str = ""
+
+
+def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Decorator registering ``fn(completion, answer) -> float`` under ``name``; duplicate names raise."""
+
+    def decorator(fn: RewardFn) -> RewardFn:
+        if name in _REGISTRY and _REGISTRY[name] is not fn:
+            raise ValueError(f"reward {name!r} is already registered (by {_REGISTRY[name]!r})")
+        _REGISTRY[name] = fn
+        return fn
+
+    return decorator
+
+
+def available_rewards() -> list[str]:
+    """Sorted names of the registered rewards."""
+    return sorted(_REGISTRY)
+
+
+def get_reward(name: str) -> RewardFn:
+    """The reward function registered as ``name``; an unknown name raises ``ValueError`` listing the choices."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown reward {name!r}; choose one of: {', '.join(available_rewards())}"
+        ) from None
+
+
+def score(fn: RewardFn, completions: Sequence[str], answers: Sequence[str]) -> list[float]:
+    """``[fn(c, a) for c, a in zip(completions, answers)]``; the two sequences must have equal length."""
+    if len(completions) != len(answers):
+        raise ValueError(f"score: {len(completions)} completions but {len(answers)} answers")
+    return [float(fn(c, a)) for c, a in zip(completions, answers)]
