@@ -1,0 +1,162 @@
+"""Prompts for training and held-out evaluation, from the built-in task or from JSONL/Parquet files.
+
+Training draws an endless, seeded stream of prompt batches: epoch ``e`` is a permutation of the training problems
+(seed ``(seed, e)``), batch ``i`` is the ``i``-th slice of ``batch_size`` across epoch boundaries; a Lightning
+epoch is ``len(train) // batch_size`` batches of that stream. The stream
+position is the module's to report (:meth:`PromptDataModule.mark_consumed`), so a checkpoint resumes at exactly
+the next unseen batch even though Lightning prefetches one batch ahead.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, IterableDataset
+
+from mutual_rl.data.files import load_problems
+from mutual_rl.data.task import ArithmeticTask, Problem
+from mutual_rl.types import PromptBatch
+
+
+class _PromptStream(IterableDataset):
+    def __init__(self, dm: PromptDataModule):
+        self.dm = dm
+
+    def __iter__(self) -> Iterator[PromptBatch]:
+        # One Lightning "epoch" is one pass over the training problems; resuming mid-epoch yields its rest.
+        length = len(self)
+        start = self.dm.next_batch
+        for index in range(start, (start // length + 1) * length):
+            yield PromptBatch(index, self.dm.train_batch(index))
+
+    def __len__(self) -> int:
+        return max(1, len(self.dm.train_problems()) // self.dm.batch_size)
+
+
+class _Batches(IterableDataset):
+    def __init__(self, problems: list[Problem], batch_size: int):
+        self.problems, self.batch_size = problems, batch_size
+
+    def __iter__(self) -> Iterator[PromptBatch]:
+        for i, start in enumerate(range(0, len(self.problems), self.batch_size)):
+            yield PromptBatch(i, self.problems[start : start + self.batch_size])
+
+    def __len__(self) -> int:
+        return -(-len(self.problems) // self.batch_size)
+
+
+class PromptDataModule(LightningDataModule):
+    def __init__(
+        self,
+        task: ArithmeticTask | None = None,
+        train_files: list[str] | None = None,
+        val_files: list[str] | None = None,
+        problem_key: str = "problem",
+        answer_key: str = "answer",
+        skill_key: str | None = None,
+        batch_size: int = 16,
+        val_batch_size: int = 256,
+        val_per_skill: int | None = None,
+        seed: int = 0,
+    ):
+        """
+        Args:
+            task: the built-in arithmetic task (used when no ``train_files`` are given; default settings if
+                omitted).
+            train_files: JSONL/Parquet prompt files (fields ``problem``/``answer``, names configurable); when
+                given they replace the task's train split.
+            val_files: held-out prompt files; default: the task's held-out split.
+            problem_key: field holding the problem text in the files.
+            answer_key: field holding the gold answer in the files.
+            skill_key: optional field naming the skill (evaluation reports pass@1 per skill).
+            batch_size: prompts per training step.
+            val_batch_size: prompts per evaluation batch.
+            val_per_skill: evaluate on at most this many held-out prompts per skill (default: all).
+            seed: seed of the training order.
+        """
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"data.batch_size must be >= 1 (got {batch_size}).")
+        if val_batch_size < 1:
+            raise ValueError(f"data.val_batch_size must be >= 1 (got {val_batch_size}).")
+        self.task = task if task is not None or train_files else ArithmeticTask()
+        self.train_files, self.val_files = list(train_files or []), list(val_files or [])
+        self.keys = {"problem_key": problem_key, "answer_key": answer_key, "skill_key": skill_key}
+        self.batch_size, self.val_batch_size, self.val_per_skill = batch_size, val_batch_size, val_per_skill
+        self.seed = seed
+        self.next_batch = 0
+        self._train: list[Problem] | None = None
+        self._val: list[Problem] | None = None
+        self._epoch_orders: dict[int, list[int]] = {}
+
+    # ----------------------------------------------------------------------------------------------- problems
+    def train_problems(self) -> list[Problem]:
+        if self._train is None:
+            if self.train_files:
+                self._train = self._load(self.train_files, 10**9)
+            else:
+                self._train = self.task.train_problems()
+            if not self._train:
+                raise ValueError("the training set is empty; check data.task or data.train_files.")
+        return self._train
+
+    def val_problems(self) -> list[Problem]:
+        if self._val is None:
+            if self.val_files:
+                val = self._load(self.val_files, 2 * 10**9)
+            elif self.task is not None:
+                val = self.task.heldout_problems()
+            else:
+                val = []
+            if self.val_per_skill is not None:
+                seen: dict[str, int] = {}
+                kept = []
+                for p in val:
+                    seen[p.skill] = seen.get(p.skill, 0) + 1
+                    if seen[p.skill] <= self.val_per_skill:
+                        kept.append(p)
+                val = kept
+            self._val = val
+        return self._val
+
+    def _load(self, files: list[str], offset: int) -> list[Problem]:
+        out: list[Problem] = []
+        for path in files:
+            out += load_problems(path, id_offset=offset + len(out), **self.keys)
+        return out
+
+    def train_batch(self, index: int) -> list[Problem]:
+        """Batch ``index`` of the endless training stream (pure function of seed and index)."""
+        problems = self.train_problems()
+        n = len(problems)
+        out = []
+        for flat in range(index * self.batch_size, (index + 1) * self.batch_size):
+            epoch, pos = divmod(flat, n)
+            out.append(problems[self._order(epoch)[pos]])
+        return out
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._epoch_orders:
+            order = list(range(len(self.train_problems())))
+            random.Random(f"{self.seed}:{epoch}").shuffle(order)
+            self._epoch_orders = {epoch: order}  # keep only the current epoch
+        return self._epoch_orders[epoch]
+
+    # ------------------------------------------------------------------------------------------- Lightning
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_PromptStream(self), batch_size=None)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(_Batches(self.val_problems(), self.val_batch_size), batch_size=None)
+
+    def mark_consumed(self, index: int) -> None:
+        """The module trained on batch ``index``; a checkpoint taken now resumes at ``index + 1``."""
+        self.next_batch = index + 1
+
+    def state_dict(self) -> dict:
+        return {"next_batch": self.next_batch, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.next_batch = int(state["next_batch"])

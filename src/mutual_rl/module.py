@@ -1,0 +1,224 @@
+"""MutualRLModule: N heterogeneous policies, one LightningModule, manual optimization.
+
+The module orchestrates and holds no math: per training step it samples each policy's groups (rollout engine),
+scores them on text (rewards), computes GRPO advantages per own group (algorithms), lets each receiver's regime
+build its training plan from its own and its peers' groups (regimes), and runs each policy's update
+(policies.update). ``max_steps`` counts training steps: every optimizer step goes through the strategy without
+touching Lightning's step counter, which the module advances once per training step.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import torch
+from lightning.pytorch import LightningModule
+from torch import nn
+
+from mutual_rl.algorithms import group_outcome_stats, grpo_advantages
+from mutual_rl.evaluation.validation import EvalConfig, Evaluator
+from mutual_rl.policies.policy import build_policy
+from mutual_rl.policies.spec import PolicySpec
+from mutual_rl.policies.update import GRPOConfig, update_policy
+from mutual_rl.regimes import get_regime
+from mutual_rl.rewards import get_reward
+from mutual_rl.rollout.hf import HFRolloutEngine
+from mutual_rl.types import PromptBatch, ScoredGroup
+
+
+class MutualRLModule(LightningModule):
+    def __init__(
+        self,
+        policies: list[PolicySpec],
+        algorithm: GRPOConfig | None = None,
+        regime: str = "none",
+        reward: str | None = None,
+        evaluation: EvalConfig | None = None,
+        log_samples_every_n_steps: int = 50,
+        export_dir: str | None = None,
+        cache_dir: str | None = None,
+    ):
+        """
+        Args:
+            policies: the N >= 1 policies trained together (each with its own model, tokenizer, prompt
+                format, optimizer and sampling settings).
+            algorithm: GRPO/DAPO settings shared by all policies.
+            regime: sharing regime applied to every receiver (``none`` = plain GRPO per policy).
+            reward: registered reward name (default: the built-in task's, ``integer_match``).
+            evaluation: held-out evaluation settings (validation loop and ``mutual-rl validate``).
+            log_samples_every_n_steps: write sample completions to TensorBoard this often (0 = never).
+            export_dir: where each policy is saved in Hugging Face format at the end of fit (default:
+                ``<log_dir>/export``).
+            cache_dir: cache root of the embedded tiny presets (default: ``$MUTUAL_RL_CACHE`` or
+                ``~/.cache/mutual_rl``).
+        """
+        super().__init__()
+        if not policies:
+            raise ValueError("model.policies is empty: give at least one policy.")
+        names = [p.name for p in policies]
+        if len(set(names)) != len(names):
+            raise ValueError(f"policy names must be unique, got {names}.")
+        self.automatic_optimization = False
+        self.specs = list(policies)
+        self.algorithm = algorithm or GRPOConfig()
+        self.regime = get_regime(regime)
+        self.reward_name = reward
+        self.evaluation = evaluation or EvalConfig()
+        self.log_samples_every_n_steps = log_samples_every_n_steps
+        self.export_dir, self.cache_dir = export_dir, cache_dir
+        self.policies = nn.ModuleDict()
+        self.engine = HFRolloutEngine()
+        self._rng_to_restore = None
+
+    # ------------------------------------------------------------------------------------------ set-up
+    def configure_model(self) -> None:
+        if len(self.policies):
+            return
+        task = getattr(self._datamodule(), "task", None)
+        for spec in self.specs:
+            self.policies[spec.name] = build_policy(
+                spec, task=task, cache_dir=self.cache_dir, needs_reference=self.algorithm.kl_coef > 0
+            )
+        name = self.reward_name or getattr(task, "default_reward", "integer_match")
+        self.reward_fn = get_reward(name)
+        self.evaluator = Evaluator(self.evaluation, self.reward_fn, self.engine)
+
+    def configure_optimizers(self):
+        opts = []
+        for spec in self.specs:
+            params = [p for p in self.policies[spec.name].parameters() if p.requires_grad]
+            o = spec.optimizer
+            opts.append(torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, eps=o.eps))
+        return opts
+
+    def _datamodule(self):
+        return getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        return batch  # prompts are text; tensors are built per policy on its own device
+
+    # ------------------------------------------------------------------------------------------ training
+    def training_step(self, batch: PromptBatch, batch_idx: int):
+        step = self.global_step
+        groups: dict[str, list[ScoredGroup]] = {}
+        metrics: dict[str, float] = {}
+        for spec in self.specs:
+            groups[spec.name], m = self._rollout_and_score(spec, batch, step)
+            metrics.update({f"{spec.name}/{k}": v for k, v in m.items()})
+        optimizers = self.optimizers()
+        optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
+        for spec, opt in zip(self.specs, optimizers):
+            policy = self.policies[spec.name]
+            peers = {k: v for k, v in groups.items() if k != spec.name}
+            t0 = time.perf_counter()
+            plan = self.regime.plan(policy, groups[spec.name], peers, self.algorithm.num_mini_batches)
+            m = update_policy(
+                policy, plan.batch, plan.mini_batches, self.algorithm, backward=self.manual_backward,
+                step_optimizer=lambda o=opt: self.trainer.strategy.optimizer_step(o.optimizer, lambda: None, self),
+                zero_grad=lambda o=opt: o.zero_grad(set_to_none=True),
+            )
+            m["train_tokens_per_s"] = m["trained_tokens"] / max(time.perf_counter() - t0, 1e-9)
+            metrics.update({f"{spec.name}/{k}": v for k, v in {**m, **plan.metrics}.items()})
+        self._advance_step_counter()
+        dm = self._datamodule()
+        if dm is not None and hasattr(dm, "mark_consumed"):
+            dm.mark_consumed(batch.index)
+        self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(batch.problems))
+        self.log("reward", sum(metrics[f"{s.name}/reward"] for s in self.specs) / len(self.specs), prog_bar=True,
+                 batch_size=len(batch.problems))
+        self._maybe_log_samples(groups, batch, step)
+
+    def _rollout_and_score(self, spec: PolicySpec, batch: PromptBatch, step: int):
+        policy = self.policies[spec.name]
+        t0 = time.perf_counter()
+        per_prompt = self.engine.generate(policy, batch.problems, spec.sampling, step=step,
+                                          group_id_base=batch.index * len(batch.problems))
+        gen_s = time.perf_counter() - t0
+        out, rewards, gids = [], [], []
+        for problem, rollouts in zip(batch.problems, per_prompt):
+            r = torch.tensor([self.reward_fn(x.response_text, problem.answer) for x in rollouts], dtype=torch.float32)
+            rewards.append(r)
+            gids.append(torch.full((len(rollouts),), rollouts[0].group_id, dtype=torch.long))
+        flat_r, flat_g = torch.cat(rewards), torch.cat(gids)
+        adv = grpo_advantages(flat_r, flat_g, eps=self.algorithm.eps, scale=self.algorithm.scale)
+        start = 0
+        for problem, rollouts, r in zip(batch.problems, per_prompt, rewards):
+            out.append(ScoredGroup(spec.name, problem.prompt_id, rollouts[0].group_id, tuple(rollouts), r,
+                                   adv[start : start + len(r)]))
+            start += len(r)
+        stats = group_outcome_stats(flat_r, flat_g, self.algorithm.success_threshold)
+        lengths = [len(x.response_ids) for rs in per_prompt for x in rs]
+        m = {
+            "reward": stats["reward_mean"], "pass_rate": stats["pass_rate"], "all_fail_frac": stats["all_fail_frac"],
+            "all_pass_frac": stats["all_pass_frac"], "mixed_frac": stats["mixed_frac"],
+            "response_length": sum(lengths) / len(lengths), "gen_tokens_per_s": sum(lengths) / max(gen_s, 1e-9),
+            "eos_frac": sum(x.finish_reason == "eos" for rs in per_prompt for x in rs) / len(lengths),
+        }
+        return out, m
+
+    def _advance_step_counter(self) -> None:
+        """One training step = one ``global_step``, however many optimizer steps the policies took."""
+        if self._trainer is None:
+            return
+        progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+        progress.increment_ready()
+        progress.increment_completed()
+
+    def _maybe_log_samples(self, groups, batch: PromptBatch, step: int) -> None:
+        every = self.log_samples_every_n_steps
+        exp = getattr(self.logger, "experiment", None)
+        if not every or step % every or not hasattr(exp, "add_text"):
+            return
+        for name, gs in groups.items():
+            rows = ["| prompt | answer | response | reward |", "|---|---|---|---|"]
+            for problem, g in list(zip(batch.problems, gs))[:4]:
+                for r, rew in list(zip(g.rollouts, g.rewards.tolist()))[:2]:
+                    rows.append(f"| `{problem.problem}` | `{problem.answer}` | `{r.response_text!r}` | {rew:g} |")
+            exp.add_text(f"{name}/samples", "\n".join(rows), step)
+
+    # ---------------------------------------------------------------------------------------- validation
+    def on_validation_epoch_start(self) -> None:
+        self.evaluator.start(self.evaluation.seed)
+
+    def validation_step(self, batch: PromptBatch, batch_idx: int):
+        for spec in self.specs:
+            self.evaluator.add(self.policies[spec.name], batch.problems)
+
+    def on_validation_epoch_end(self) -> None:
+        results = self.evaluator.finish()
+        flat = {f"{p}/val/{k}": v for p, ms in results.items() for k, v in ms.items()}
+        if flat:
+            self.log_dict(flat, on_epoch=True)
+            mean = sum(ms["pass@1"] for ms in results.values()) / len(results)
+            self.log("val_pass@1", mean, prog_bar=True, on_epoch=True)
+        self.last_eval = results
+
+    # --------------------------------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["mutual_rl"] = {
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "versions": {name: p.version for name, p in self.policies.items()},
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint.get("mutual_rl", {})
+        self._rng_to_restore = state.get("rng")
+        for name, v in state.get("versions", {}).items():
+            if name in self.policies:
+                self.policies[name].version = v
+
+    def on_train_start(self) -> None:
+        if self._rng_to_restore is not None:  # after every restore step, so nothing else consumes it first
+            torch.set_rng_state(self._rng_to_restore["torch"])
+            random.setstate(self._rng_to_restore["python"])
+            self._rng_to_restore = None
+
+    def on_fit_end(self) -> None:
+        if not self.trainer.is_global_zero:
+            return
+        root = Path(self.export_dir) if self.export_dir else Path(self.trainer.log_dir or ".") / "export"
+        for name, policy in self.policies.items():
+            policy.export(root / name)
+        self.print(f"Exported {len(self.policies)} policies (Hugging Face format) to {root}")

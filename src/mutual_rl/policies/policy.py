@@ -1,0 +1,139 @@
+"""A policy at run time: its model (optionally with LoRA adapters), tokenizer and prompt format."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+from torch import nn
+
+from mutual_rl.policies.spec import PolicySpec, WarmStart
+
+
+class Policy(nn.Module):
+    """Holds one policy's model and tokenizer; computes log-probs of response tokens.
+
+    ``version`` counts this policy's optimizer steps (records carry it as ``policy_version``).
+    """
+
+    def __init__(self, spec: PolicySpec, model: nn.Module, tokenizer, *, needs_reference: bool = False):
+        super().__init__()
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.version = 0
+        if spec.lora is not None:
+            model = _add_lora(model, spec)
+        self.model = model
+        self.model.train()  # from_pretrained returns eval mode
+        # Without LoRA a KL reference needs a frozen copy; with LoRA it is the base model, adapters disabled.
+        self._reference = None
+        if needs_reference and spec.lora is None:
+            self._reference = [copy.deepcopy(model).eval().requires_grad_(False)]  # list: not a submodule
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def render_prompt(self, problem: str) -> str:
+        return self.spec.render_prompt(problem)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Prompt ids in this policy's format (chat template if configured; BOS as its tokenizer adds it)."""
+        if self.spec.chat_template:
+            return list(self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            ))
+        return self.tokenizer(text)["input_ids"]
+
+    def response_logp(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, temperature: float,
+        *, with_entropy: bool = False, reference: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropies) of the last ``response_width`` tokens of each row.
+
+        input_ids, attention_mask: [B, P + T]; returns logp [B, T] and entropy [B, T] (or None), under the
+        tempered distribution ``softmax(logits / temperature)`` the rollouts were sampled from.
+        """
+        ctx = self._reference_ctx() if reference else contextlib.nullcontext(self.model)
+        with ctx as model:
+            pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            logits = model(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
+                logits_to_keep=response_width + 1,
+            ).logits[:, :-1].float()  # [B, T, V]
+        logits = logits / temperature
+        logz = torch.logsumexp(logits, dim=-1)  # [B, T]
+        targets = input_ids[:, -response_width:]
+        logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                probs = torch.softmax(logits, dim=-1)
+                entropy = logz - (probs * logits).sum(-1)
+        return logp, entropy
+
+    @contextlib.contextmanager
+    def _reference_ctx(self):
+        if self.spec.lora is not None:
+            with self.model.disable_adapter():
+                yield self.model
+        elif self._reference is not None:
+            yield self._reference[0]
+        else:
+            raise RuntimeError(f"policy {self.name!r} has no KL reference (kl_coef is 0).")
+
+    def export(self, path) -> None:
+        """Hugging Face format: full weights, or only the LoRA adapters (peft) when LoRA is on."""
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+
+def _add_lora(model, spec: PolicySpec):
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(
+        r=spec.lora.r, lora_alpha=spec.lora.alpha, lora_dropout=spec.lora.dropout,
+        target_modules=spec.lora.target_modules, task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, cfg)
+
+
+def load_model_and_tokenizer(spec: PolicySpec, task=None, cache_dir=None):
+    """(model, tokenizer) for ``spec.model``: an embedded ``tiny:`` preset or a Hugging Face path.
+
+    Presets warm up on ``task`` (the run's built-in task; a default :class:`ArithmeticTask` if None).
+    """
+    from mutual_rl.presets.models import is_preset
+
+    if is_preset(spec.model):
+        from mutual_rl.data.task import ArithmeticTask
+        from mutual_rl.presets.cache import load_preset
+
+        return load_preset(
+            spec.model, seed=spec.seed, warmstart=spec.warmstart or WarmStart(),
+            task=task if task is not None else ArithmeticTask(), prompt_template=spec.prompt_template,
+            cache_dir=cache_dir,
+        )
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer or spec.model, trust_remote_code=spec.trust_remote_code)
+    if not tokenizer.is_fast:
+        raise ValueError(
+            f"policy {spec.name!r}: tokenizer {type(tokenizer).__name__} ({spec.tokenizer or spec.model}) is not a "
+            "fast tokenizer; mutual-rl needs character offsets. Use a tokenizer with a tokenizer.json."
+        )
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(spec.model, trust_remote_code=spec.trust_remote_code)
+    return model, tokenizer
+
+
+def build_policy(spec: PolicySpec, task=None, cache_dir=None, needs_reference: bool = False) -> Policy:
+    model, tokenizer = load_model_and_tokenizer(spec, task, cache_dir)
+    return Policy(spec, model, tokenizer, needs_reference=needs_reference)

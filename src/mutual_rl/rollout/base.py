@@ -1,0 +1,23 @@
+"""The rollout engine interface: every engine (HF ``generate``, vLLM) returns the same :class:`Rollout` records."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from mutual_rl.data.task import Problem
+from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.types import Rollout
+
+
+class RolloutEngine(Protocol):
+    def generate(
+        self, policy, problems: Sequence[Problem], sampling: SamplingSpec, *, step: int, group_id_base: int = 0
+    ) -> list[list[Rollout]]:
+        """``sampling.n`` rollouts per problem, as one list per problem (same order as ``problems``).
+
+        Each record carries the sampled ids, the log-prob of every sampled token under the *sampling*
+        distribution (temperature and top-p applied), the finish reason and the character offsets of the
+        response tokens in the decoded response text.
+        """
+        ...

@@ -1,0 +1,89 @@
+"""Rollouts with Hugging Face ``generate``: the CPU engine and the GPU reference.
+
+Prompts are rendered in the policy's own format and left-padded (batched generation needs it). Sampling is
+exactly as configured: ``top_k`` is passed explicitly (0 = off; transformers would otherwise apply 50, which
+silently changes the sampling distribution and breaks the RL log-probs). The log-prob of each sampled token is
+read from the processed scores (temperature and top-p applied), i.e. the distribution the token was drawn from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mutual_rl.data.task import Problem
+from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.rollout.offsets import incremental_offsets
+from mutual_rl.types import Rollout
+
+
+class HFRolloutEngine:
+    """``generate``-based engine; ``chunk_size`` bounds how many sequences are generated at once."""
+
+    def __init__(self, chunk_size: int = 512):
+        self.chunk_size = chunk_size
+
+    @torch.no_grad()
+    def generate(
+        self, policy, problems: Sequence[Problem], sampling: SamplingSpec, *, step: int, group_id_base: int = 0
+    ) -> list[list[Rollout]]:
+        prompts = [policy.render_prompt(p.problem) for p in problems]
+        prompt_ids = [policy.encode_prompt(text) for text in prompts]
+        flat = [(i, j) for i in range(len(problems)) for j in range(sampling.n)]
+        out: list[list[Rollout]] = [[] for _ in problems]
+        was_training = policy.model.training
+        policy.model.eval()
+        try:
+            for start in range(0, len(flat), self.chunk_size):
+                chunk = flat[start : start + self.chunk_size]
+                ids, logps = self._sample(policy, [prompt_ids[i] for i, _ in chunk], sampling)
+                for (i, _), row_ids, row_logp in zip(chunk, ids, logps):
+                    out[i].append(
+                        self._record(policy, problems[i], prompts[i], prompt_ids[i], row_ids, row_logp, step,
+                                     group_id_base + i)
+                    )
+        finally:
+            policy.model.train(was_training)
+        return out
+
+    def _sample(self, policy, prompt_ids: list[list[int]], s: SamplingSpec):
+        tok = policy.tokenizer
+        width = max(len(p) for p in prompt_ids)
+        ids = torch.full((len(prompt_ids), width), tok.pad_token_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for r, p in enumerate(prompt_ids):  # left padding
+            ids[r, width - len(p):] = torch.tensor(p)
+            attn[r, width - len(p):] = 1
+        dev = policy.device
+        gen = policy.model.generate(
+            input_ids=ids.to(dev), attention_mask=attn.to(dev), do_sample=True, temperature=s.temperature,
+            top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens, output_scores=True,
+            return_dict_in_generate=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        )
+        seq = gen.sequences[:, width:].cpu()  # [B, T]
+        scores = torch.stack(gen.scores, dim=1).float()  # [B, T, V] processed (tempered, filtered) logits
+        logp = torch.log_softmax(scores, dim=-1).gather(-1, seq.to(scores.device).unsqueeze(-1)).squeeze(-1).cpu()
+        rows, lps = [], []
+        for r in range(seq.shape[0]):
+            eos = (seq[r] == tok.eos_token_id).nonzero()
+            length = int(eos[0]) + 1 if len(eos) else seq.shape[1]
+            rows.append(seq[r, :length].clone())
+            lps.append(logp[r, :length].clone())
+        return rows, lps
+
+    @staticmethod
+    def _record(policy, problem, prompt_text, prompt_ids, ids, logp, step, group_id) -> Rollout:
+        tok = policy.tokenizer
+        stopped = len(ids) > 0 and int(ids[-1]) == tok.eos_token_id
+        body = ids[:-1] if stopped else ids
+        text = tok.decode(body.tolist(), skip_special_tokens=True)
+        offsets = incremental_offsets(tok, body.tolist(), text)
+        if stopped:
+            offsets = offsets + ((len(text), len(text)),)
+        return Rollout(
+            policy_id=policy.name, prompt_id=problem.prompt_id, group_id=group_id, step=step,
+            policy_version=policy.version, prompt_text=prompt_text, response_text=text,
+            prompt_ids=torch.tensor(prompt_ids, dtype=torch.long), response_ids=ids, logp=logp,
+            offsets=offsets, finish_reason="eos" if stopped else "length",
+        )

@@ -1,0 +1,104 @@
+"""Typed records that flow through a training step.
+
+Every record carries explicit identity (``policy_id``, ``prompt_id``, ``group_id``): grouping is never inferred
+from tensor layout (DESIGN rule 4). Tensor fields carry their shape in a comment. Log-prob names keep the three
+sources apart (rule 3): ``logp`` (current policy), ``old_logp`` (behaviour policy on the receiver side) and
+``source_logp`` (a peer's trace).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from mutual_rl.data.task import Problem
+
+FINISH_REASONS = ("eos", "length")
+
+
+@dataclass
+class PromptBatch:
+    """One training step's prompts, as the data module yields them.
+
+    ``index`` is the position of this batch in the (seeded, endless) prompt stream; the module reports it back
+    so that a checkpoint resumes at the next batch.
+    """
+
+    index: int
+    problems: list[Problem]
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One sampled response of one policy to one prompt."""
+
+    policy_id: str
+    prompt_id: int
+    group_id: int
+    step: int
+    policy_version: int
+    prompt_text: str  # the prompt as rendered in this policy's own format
+    response_text: str  # decoded response, special tokens skipped, terminal EOS removed
+    prompt_ids: torch.Tensor  # [P] long, this policy's tokenization (incl. BOS if its tokenizer adds one)
+    response_ids: torch.Tensor  # [T] long, sampled ids (incl. the EOS if it stopped on EOS)
+    logp: torch.Tensor  # [T] float, behaviour log-prob of each sampled token under the sampling distribution
+    offsets: tuple[tuple[int, int], ...]  # T (start, end) char spans of response tokens in response_text
+    finish_reason: str  # "eos" | "length"
+
+
+@dataclass(frozen=True)
+class ScoredGroup:
+    """A policy's group of ``n`` rollouts for one prompt, with rewards and GRPO advantages."""
+
+    policy_id: str
+    prompt_id: int
+    group_id: int
+    rollouts: tuple[Rollout, ...]
+    rewards: torch.Tensor  # [n] float
+    advantages: torch.Tensor  # [n] float
+
+    @property
+    def num_success(self) -> int:
+        return int((self.rewards > 0).sum())
+
+
+@dataclass
+class PolicyBatch:
+    """A policy's training batch in the policy's own tokenization.
+
+    Layout per row: ``[left-padded prompt (width P) | right-padded response (width T)]``; the response window
+    is the last ``T`` columns, so the logits of response tokens are the last ``T + 1`` positions (minus one)
+    and a forward pass computes only those (``logits_to_keep``). Position ids come from the attention mask.
+    Row ``i`` is one response; ``response_mask`` marks the response tokens that carry loss.
+    """
+
+    input_ids: torch.Tensor  # [B, P + T] long
+    attention_mask: torch.Tensor  # [B, P + T] long
+    response_mask: torch.Tensor  # [B, T] float, 1 on real response tokens
+    old_logp: torch.Tensor  # [B, T] float, behaviour log-probs of the response tokens (0 on padding)
+    advantages: torch.Tensor  # [B] float
+    weights: torch.Tensor  # [B] float, per-sequence loss weight (1 for own rollouts)
+    is_peer: torch.Tensor  # [B] bool, response came from another policy
+    prompt_ids: list[int] = field(default_factory=list)  # B prompt ids (identity, for ordering and logging)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def response_width(self) -> int:
+        return self.response_mask.shape[1]
+
+    def select(self, rows: torch.Tensor | list[int]) -> PolicyBatch:
+        """The sub-batch of the given rows (keeps identity)."""
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        return PolicyBatch(
+            input_ids=self.input_ids[idx],
+            attention_mask=self.attention_mask[idx],
+            response_mask=self.response_mask[idx],
+            old_logp=self.old_logp[idx],
+            advantages=self.advantages[idx],
+            weights=self.weights[idx],
+            is_peer=self.is_peer[idx],
+            prompt_ids=[self.prompt_ids[i] for i in idx.tolist()],
+        )
