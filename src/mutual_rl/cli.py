@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from jsonargparse import Namespace
+from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch.cli import LightningCLI
 
 from mutual_rl.data.datamodule import PromptDataModule
 from mutual_rl.module import MutualRLModule
+
+# Attribute docstrings of the config dataclasses become --help text.
+set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
 TRAINER_DEFAULTS = {
     "max_steps": 200,

@@ -32,10 +32,10 @@ class MutualRLModule(LightningModule):
     def __init__(
         self,
         policies: list[PolicySpec],
-        algorithm: GRPOConfig | None = None,
+        algorithm: GRPOConfig = GRPOConfig(),  # noqa: B008 (read-only default; shows in --help)
         regime: str = "none",
         reward: str | None = None,
-        evaluation: EvalConfig | None = None,
+        evaluation: EvalConfig = EvalConfig(),  # noqa: B008
         log_samples_every_n_steps: int = 50,
         export_dir: str | None = None,
         cache_dir: str | None = None,

@@ -74,7 +74,8 @@ class WarmStart:
     remaining operators. Two policies warm-started on different skills have complementary abilities.
     """
 
-    steps: int = 300
+    steps: int = 600
+    """Supervised steps (600 at lr 1e-3, batch 64 give ~20-30 % sampled pass@1 on 2-digit +/-)."""
     lr: float = 1e-3
     batch_size: int = 64
     skills: list[str] | None = None

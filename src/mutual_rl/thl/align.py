@@ -114,39 +114,39 @@ def _segment_ids(texts: Sequence[str], src: np.ndarray, src_lens: np.ndarray, tg
     base = np.zeros(B, dtype=np.int64)
     np.cumsum(slots[:-1], out=base[1:])
     N = int(slots.sum())
-    text_of_src = np.repeat(np.arange(B), src_lens)  # [S]
-    text_of_tgt = np.repeat(np.arange(B), tgt_lens)  # [T]
-    for name, off, owner in (("source", src, text_of_src), ("target", tgt, text_of_tgt)):
-        bad = (off[:, 0] < 0) | (off[:, 1] < off[:, 0]) | (off[:, 1] > n_chars[owner])
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{name} offset {tuple(off[i].tolist())} of response {int(owner[i])} is not a "
-                             f"span within its text of length {int(n_chars[owner[i]])}")
+    S = len(src)
+    owner = np.concatenate([np.repeat(np.arange(B), src_lens), np.repeat(np.arange(B), tgt_lens)])  # [S+T]
+    off = np.concatenate([src, tgt])  # [S+T, 2] local spans
+    bad = (off[:, 0] < 0) | (off[:, 1] < off[:, 0]) | (off[:, 1] > n_chars[owner])
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{'source' if i < S else 'target'} offset {tuple(off[i].tolist())} of response "
+                         f"{int(owner[i])} is not a span within its text of length {int(n_chars[owner[i]])}")
+    gs, ge = off[:, 0] + base[owner], off[:, 1] + base[owner]  # [S+T] global slot positions
     # 1. candidate cuts; cut[c] means a new segment starts at slot c   [N]
     if granularity == "word":
         cp = np.frombuffer(("\x00".join(texts) + "\x00").encode("utf-32-le"), dtype=np.uint32)
         ws = _WS_TABLE[np.minimum(cp, _WS_LIMIT)]
-        cut = np.zeros(N, dtype=bool)
-        cut[1:] = ws[1:] & ~ws[:-1]
+        cut = np.empty(N, dtype=bool)
+        cut[0] = True
+        np.greater(ws[1:], ws[:-1], out=cut[1:])  # whitespace here, none before
     else:
         cut = np.ones(N, dtype=bool)
     cut[base] = True
     # 2. remove cuts strictly inside a token: difference array over slots s+1 .. e-1
-    off_all = np.concatenate([src + base[text_of_src, None], tgt + base[text_of_tgt, None]])  # [S+T, 2]
-    wide = off_all[off_all[:, 1] - off_all[:, 0] >= 2]
-    depth = np.bincount(wide[:, 0] + 1, minlength=N + 1) - np.bincount(wide[:, 1], minlength=N + 1)
-    cut &= np.cumsum(depth[:N]) == 0
-    seg = np.cumsum(cut) - 1  # [N] segment id of each slot
+    wide = ge - gs >= 2
+    depth = np.bincount(gs[wide] + 1, minlength=N + 1)
+    depth -= np.bincount(ge[wide], minlength=N + 1)
+    np.cumsum(depth, out=depth)
+    cut &= depth[:N] == 0
+    seg = np.cumsum(cut, dtype=np.int32 if N < 2**31 else np.int64)  # [N] segment id + 1 of each slot
+    seg -= 1
     n_seg = int(seg[-1]) + 1 if N else 0
-    seg_text = np.repeat(np.arange(B), slots)[np.flatnonzero(cut)]  # [n_seg]
-
+    seg_text = np.searchsorted(base, np.flatnonzero(cut), side="right") - 1  # [n_seg] response index
     # 3. token placement: the start char; a zero-width token at p: char p, clamped to the last char
-    def place(off: np.ndarray, owner: np.ndarray) -> np.ndarray:
-        last = np.maximum(n_chars[owner] - 1, 0)
-        anchor = np.where(off[:, 1] > off[:, 0], off[:, 0], np.minimum(off[:, 0], last))
-        return seg[anchor + base[owner]]
-
-    seg_s, seg_t = place(src, text_of_src), place(tgt, text_of_tgt)
+    last = base + np.maximum(n_chars - 1, 0)  # [B]
+    seg_all = seg[np.where(ge > gs, gs, np.minimum(gs, last[owner]))].astype(np.int64)  # [S+T]
+    seg_s, seg_t = seg_all[:S], seg_all[S:]
     # 4. source-only segments merge into the previous target-bearing segment of the same text, else next
     has_t = np.bincount(seg_t, minlength=n_seg) > 0
     idx = np.arange(n_seg)

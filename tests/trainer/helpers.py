@@ -1,0 +1,43 @@
+"""Small builders for trainer tests: tiny specs, a tiny data module, a quiet Trainer."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+
+from mutual_rl.data.datamodule import PromptDataModule
+from mutual_rl.data.task import ArithmeticTask
+from mutual_rl.module import MutualRLModule
+from mutual_rl.policies.spec import LoraSpec, OptimizerSpec, PolicySpec, SamplingSpec, WarmStart
+from mutual_rl.policies.update import GRPOConfig
+
+TASK = dict(operators=["+", "-"], digits=2, num_train=2000, num_heldout=50)
+
+
+def spec(name: str, model: str, *, lr: float = 1e-3, wd: float = 0.0, lora: bool = False, n: int = 4) -> PolicySpec:
+    return PolicySpec(
+        name=name, model=model, optimizer=OptimizerSpec(lr=lr, weight_decay=wd),
+        sampling=SamplingSpec(n=n, max_new_tokens=5), warmstart=WarmStart(steps=20),
+        lora=LoraSpec(r=4, alpha=8) if lora else None,
+    )
+
+
+def pair(**kw) -> list[PolicySpec]:
+    return [spec("gpt2", "tiny:gpt2-bpe", **kw), spec("llama", "tiny:llama-char", **kw)]
+
+
+def module(specs, reward: str = "test_parity", **algo) -> MutualRLModule:
+    algo = {"num_mini_batches": 2, **algo}
+    return MutualRLModule(specs, algorithm=GRPOConfig(**algo), reward=reward, log_samples_every_n_steps=0)
+
+
+def datamodule(batch_size: int = 4) -> PromptDataModule:
+    return PromptDataModule(task=ArithmeticTask(**TASK), batch_size=batch_size, val_batch_size=32, val_per_skill=8)
+
+
+def trainer(tmp_path, max_steps: int = 2, **kw) -> pl.Trainer:
+    defaults = dict(
+        max_steps=max_steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, default_root_dir=str(tmp_path),
+    )
+    defaults.update(kw)
+    return pl.Trainer(**defaults)
