@@ -24,7 +24,7 @@ ADVERSARIAL = [
 ]
 texts = st.lists(st.one_of(st.sampled_from(ADVERSARIAL), st.text(max_size=6),
                            st.text(alphabet=" \t\nab1+", max_size=6)), max_size=10).map("".join)
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=80, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def traces(toks, src_name, tgt_name, text, seed, eos):
@@ -70,7 +70,7 @@ def test_identical_tokenizers_span_is_identity(toks, name, text, seed, eos):
     assert torch.equal(align_trace(text, src_off, logp, tgt_off, "span"), logp)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=st.lists(st.tuples(texts, st.sampled_from(FAMILIES), st.sampled_from(FAMILIES),
                                 st.integers(0, 2**32 - 1)), min_size=1, max_size=6),
        granularity=st.sampled_from(["word", "span"]))

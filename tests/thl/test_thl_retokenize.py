@@ -7,7 +7,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_thl_properties import texts
 
-from mutual_rl.thl import decode_source, encode_with_offsets, offsets_by_decoding, prompt_ids, retokenize
+from mutual_rl.thl import (
+    align_trace,
+    alignment_groups,
+    decode_source,
+    encode_with_offsets,
+    offsets_by_decoding,
+    prompt_ids,
+    retokenize,
+)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -95,7 +103,7 @@ def expected_decode(tok, name, text):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=texts, eos=st.booleans())
 def test_round_trip(toks, name, text, eos):
     tok = toks[name]
@@ -149,3 +157,23 @@ def test_decoding_offsets_on_partial_bytes(toks):
         piece = bpe.decode([i])
         if "\ufffd" not in piece:  # a token that decodes on its own spans exactly its text
             assert text[s:e] == piece
+
+
+@pytest.mark.parametrize("receiver", ["llama", "unigram", "wordpiece", "char"])
+def test_pipeline_source_ids_to_receiver_trace(toks, receiver):
+    """Sampled source ids -> text -> receiver ids; the source trace (incl. its EOS) lands on receiver tokens."""
+    bpe, tok = toks["bpe"], toks[receiver]
+    text = "x = 12 😀 数学\n\tdone"
+    src_ids = bpe(text, add_special_tokens=False).input_ids + [bpe.eos_token_id]
+    src_logp = -torch.linspace(0.1, 2.0, len(src_ids), dtype=torch.float64)  # [S] incl. EOS
+    decoded = decode_source(bpe, src_ids, "stop")
+    assert decoded == (text, True)
+    src_off = offsets_by_decoding(bpe, src_ids[:-1], decoded.text) + [(len(text), len(text))]
+    r = retokenize(tok, "Q:", decoded.text, decoded.stopped_on_eos)
+    out = align_trace(decoded.text, src_off, src_logp, r.response_offsets)  # [R]
+    assert out.shape == (int(r.response_mask.sum()),)
+    assert out.sum().item() == pytest.approx(src_logp.sum().item(), abs=1e-9)
+    # the last word "done" (after "\n\t") plus both EOS tokens form the last group
+    last = alignment_groups(decoded.text, src_off, r.response_offsets)[-1]
+    assert last.source[-1] == len(src_ids) - 1 and last.target[-1] == len(r.response_offsets) - 1
+    assert text[r.response_offsets[last.target[0]][0]:].strip() == "done"
