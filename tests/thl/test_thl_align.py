@@ -96,6 +96,7 @@ def test_empty_and_degenerate_inputs():
     assert aligned("abc", [], [], [(0, 3)]) == [0.0]
     assert alignment_groups("abc", [(0, 3)], []) == [AlignmentGroup((0,), ())]  # nowhere to put the mass
     assert align_traces([], [], [], []) == []
+    assert aligned("a\ud800 b", [(0, 2), (2, 4)], [-1.0, -2.0], [(0, 4)]) == [-3.0]  # lone surrogate
 
 
 def test_batch_matches_single_and_keeps_dtype():

@@ -125,7 +125,7 @@ def _segment_ids(texts: Sequence[str], src: np.ndarray, src_lens: np.ndarray, tg
     gs, ge = off[:, 0] + base[owner], off[:, 1] + base[owner]  # [S+T] global slot positions
     # 1. candidate cuts; cut[c] means a new segment starts at slot c   [N]
     if granularity == "word":
-        cp = np.frombuffer(("\x00".join(texts) + "\x00").encode("utf-32-le"), dtype=np.uint32)
+        cp = np.frombuffer(("\x00".join(texts) + "\x00").encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
         ws = _WS_TABLE[np.minimum(cp, _WS_LIMIT)]
         cut = np.empty(N, dtype=bool)
         cut[0] = True

@@ -32,7 +32,7 @@ class DecodedSource(NamedTuple):
     stopped_on_eos: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Retokenized:
     """A response in the receiver's token space; ``L = prompt_len + R`` with ``R`` response tokens."""
 
