@@ -37,6 +37,7 @@ class MutualRLModule(LightningModule):
         reward: str | None = None,
         evaluation: EvalConfig = EvalConfig(),  # noqa: B008
         log_samples_every_n_steps: int = 50,
+        eval_at_start: bool = True,
         export_dir: str | None = None,
         cache_dir: str | None = None,
     ):
@@ -49,6 +50,8 @@ class MutualRLModule(LightningModule):
             reward: registered reward name (default: the built-in task's, ``integer_match``).
             evaluation: held-out evaluation settings (validation loop and ``mutual-rl validate``).
             log_samples_every_n_steps: write sample completions to TensorBoard this often (0 = never).
+            eval_at_start: evaluate on the held-out split before the first training step (logged at step 0),
+                so every curve starts from the warm-started policies.
             export_dir: where each policy is saved in Hugging Face format at the end of fit (default:
                 ``<log_dir>/export``).
             cache_dir: cache root of the embedded tiny presets (default: ``$MUTUAL_RL_CACHE`` or
@@ -67,6 +70,7 @@ class MutualRLModule(LightningModule):
         self.reward_name = reward
         self.evaluation = evaluation or EvalConfig()
         self.log_samples_every_n_steps = log_samples_every_n_steps
+        self.eval_at_start = eval_at_start
         self.export_dir, self.cache_dir = export_dir, cache_dir
         self.policies = nn.ModuleDict()
         self.engine = HFRolloutEngine()
@@ -214,6 +218,25 @@ class MutualRLModule(LightningModule):
             torch.set_rng_state(self._rng_to_restore["torch"])
             random.setstate(self._rng_to_restore["python"])
             self._rng_to_restore = None
+        dm = self._datamodule()
+        limit = self.trainer.limit_val_batches
+        if self.eval_at_start and self.global_step == 0 and hasattr(dm, "val_problems") and limit != 0:
+            self._evaluate_now(dm)
+
+    def _evaluate_now(self, dm) -> None:
+        """Held-out evaluation outside Lightning's loop (used at step 0); logs directly to the loggers."""
+        problems = dm.val_problems()
+        self.evaluator.start(self.evaluation.seed)
+        for start in range(0, len(problems), dm.val_batch_size):
+            for spec in self.specs:
+                self.evaluator.add(self.policies[spec.name], problems[start : start + dm.val_batch_size])
+        results = self.evaluator.finish()
+        flat = {f"{p}/val/{k}": v for p, ms in results.items() for k, v in ms.items()}
+        if results:
+            flat["val_pass@1"] = sum(ms["pass@1"] for ms in results.values()) / len(results)
+        for logger in self.loggers:
+            logger.log_metrics(flat, step=0)
+        self.initial_eval = results
 
     def on_fit_end(self) -> None:
         if not self.trainer.is_global_zero:

@@ -130,7 +130,7 @@ def update_policy(
                     if k in m:
                         sums[k] = sums.get(k, 0.0) + float(m[k]) * n_tok
                 sums["entropy"] = sums.get("entropy", 0.0) + float(masked_mean(entropy, sub.response_mask)) * n_tok
-                sums["loss"] = sums.get("loss", 0.0) + float(loss)
+                sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
             if extra_loss is not None:
                 extra = extra_loss()
                 if extra is not None:

@@ -14,7 +14,7 @@ import torch
 
 from mutual_rl.data.task import Problem
 from mutual_rl.policies.spec import SamplingSpec
-from mutual_rl.rollout.offsets import incremental_offsets
+from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Rollout
 
 
@@ -77,8 +77,8 @@ class HFRolloutEngine:
         tok = policy.tokenizer
         stopped = len(ids) > 0 and int(ids[-1]) == tok.eos_token_id
         body = ids[:-1] if stopped else ids
-        text = tok.decode(body.tolist(), skip_special_tokens=True)
-        offsets = incremental_offsets(tok, body.tolist(), text)
+        text = tok.decode(body.tolist(), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        offsets = tuple(offsets_by_decoding(tok, body.tolist(), text))  # spans of the *sampled* ids
         if stopped:
             offsets = offsets + ((len(text), len(text)),)
         return Rollout(

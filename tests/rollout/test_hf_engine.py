@@ -1,0 +1,78 @@
+"""HF rollout engine: left padding, sampling as configured (top_k off), log-probs, finish reasons, offsets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mutual_rl.data.task import ArithmeticTask, Problem
+from mutual_rl.policies.batch import collate
+from mutual_rl.policies.policy import build_policy
+from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.rollout.hf import HFRolloutEngine
+from tests.trainer.helpers import TASK, spec
+
+# prompts of different lengths, so left padding matters
+PROBLEMS = [Problem(1, "3+4=", "7", "add"), Problem(2, "12+34=", "46", "add"), Problem(3, "99-9=", "90", "sub")]
+
+
+@pytest.fixture(scope="module", params=["tiny:gpt2-bpe", "tiny:llama-char"])
+def policy(request):
+    return build_policy(spec("p", request.param), task=ArithmeticTask(**TASK))
+
+
+def test_groups_identity_and_finish_reasons(policy):
+    torch.manual_seed(0)
+    groups = HFRolloutEngine().generate(policy, PROBLEMS, SamplingSpec(n=5, max_new_tokens=3), step=7,
+                                        group_id_base=100)
+    assert [len(g) for g in groups] == [5, 5, 5]
+    eos = policy.tokenizer.eos_token_id
+    for problem, g in zip(PROBLEMS, groups):
+        for r in g:
+            assert (r.prompt_id, r.group_id, r.step, r.policy_id) == (problem.prompt_id, 100 + PROBLEMS.index(problem),
+                                                                       7, "p")
+            assert r.prompt_ids.tolist() == policy.encode_prompt(problem.problem)
+            assert len(r.logp) == len(r.response_ids) == len(r.offsets) <= 3
+            if r.finish_reason == "eos":
+                assert r.response_ids[-1].item() == eos and eos not in r.response_ids[:-1].tolist()
+            else:
+                assert len(r.response_ids) == 3 and eos not in r.response_ids.tolist()
+            # offsets: monotone, cover the decoded text exactly
+            starts = [s for s, _ in r.offsets]
+            ends = [e for _, e in r.offsets]
+            assert starts[0] == 0 and ends[-1] == len(r.response_text)
+            assert all(a == b for a, b in zip(ends[:-1], starts[1:]))
+            assert "".join(r.response_text[s:e] for s, e in r.offsets) == r.response_text
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (1.0, 0.9)])
+def test_logp_is_that_of_the_sampling_distribution(policy, temperature, top_p):
+    """With top_p = 1 the sampler's log-prob equals log softmax(logits / T) of the full vocabulary (top_k off);
+    with top_p < 1 it is the renormalised nucleus, hence >= the full-vocabulary value."""
+    torch.manual_seed(1)
+    groups = HFRolloutEngine().generate(policy, PROBLEMS, SamplingSpec(n=6, max_new_tokens=4, temperature=temperature,
+                                                                       top_p=top_p), step=0)
+    rollouts = [r for g in groups for r in g]
+    b = collate(rollouts, torch.zeros(len(rollouts)), policy.tokenizer.pad_token_id)
+    policy.model.eval()
+    with torch.no_grad():
+        full, _ = policy.response_logp(b.input_ids, b.attention_mask, b.response_width, temperature)
+    policy.model.train()
+    full = full * b.response_mask
+    if top_p == 1.0:
+        torch.testing.assert_close(full, b.old_logp, rtol=0, atol=2e-5)
+    else:
+        assert bool(((b.old_logp - full) >= -2e-5).all())
+        assert bool(((b.old_logp - full) > 1e-3).any())  # the nucleus really cut something
+
+
+def test_top_k_is_applied_only_when_set(policy):
+    torch.manual_seed(2)
+    groups = HFRolloutEngine().generate(policy, PROBLEMS, SamplingSpec(n=8, max_new_tokens=2, top_k=2), step=0)
+    rollouts = [r for g in groups for r in g]
+    b = collate(rollouts, torch.zeros(len(rollouts)), policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        full, _ = policy.response_logp(b.input_ids, b.attention_mask, b.response_width, 1.0)
+    # with top-2 the renormalised log-prob is >= log(1/2) for the more likely of two tokens... and never below full
+    assert bool((((b.old_logp - full * b.response_mask)) >= -2e-5).all())
+    assert bool(((b.old_logp - full * b.response_mask) > 1e-3).any())

@@ -1,0 +1,72 @@
+"""Embedded tiny presets: heterogeneous tokenizers, deterministic cached builds, skill mixes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mutual_rl.data.task import ArithmeticTask
+from mutual_rl.policies.spec import WarmStart
+from mutual_rl.presets import cache as preset_cache
+from mutual_rl.presets.cache import load_preset
+from mutual_rl.presets.tokenizers import build_bpe_tokenizer, build_char_tokenizer
+from mutual_rl.presets.warmstart import select_problems
+
+TASK = ArithmeticTask(operators=["+", "-"], digits=2, num_train=400, num_heldout=20)
+
+
+def test_tokenizers_are_heterogeneous():
+    char, bpe = build_char_tokenizer(), build_bpe_tokenizer()
+    text = "12+34=46 \\boxed{7}"
+    c, b = char(text)["input_ids"], bpe(text)["input_ids"]
+    assert char.convert_ids_to_tokens(c)[0] == "<s>" and len(c) == len(text) + 1  # BOS + one token per char
+    assert bpe.bos_token is None and "boxed" in bpe.convert_ids_to_tokens(b)  # no BOS, learned merges
+    assert [bpe.convert_ids_to_tokens(b)[i] for i in range(4)] == ["1", "2", "+", "3"]  # single digits
+    assert len(char) != len(bpe)
+    for tok in (char, bpe):
+        assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+        assert tok.padding_side == "left" and tok.pad_token_id is not None and tok.pad_token_id != tok.eos_token_id
+
+
+def test_bpe_tokenizer_is_deterministic():
+    assert build_bpe_tokenizer().get_vocab() == build_bpe_tokenizer().get_vocab()
+
+
+@pytest.mark.parametrize("name", ["tiny:gpt2-bpe", "tiny:llama-char"])
+def test_build_is_deterministic_and_cached(name, tmp_path, monkeypatch):
+    ws = WarmStart(steps=3, batch_size=8)
+    kw = dict(seed=0, warmstart=ws, task=TASK, prompt_template="{problem}")
+    m1, _ = load_preset(name, cache_dir=tmp_path / "a", **kw)
+    m2, _ = load_preset(name, cache_dir=tmp_path / "b", **kw)
+    for (k, v1), v2 in zip(m1.state_dict().items(), m2.state_dict().values()):
+        assert torch.equal(v1, v2), k
+
+    def no_build(*a, **k):
+        raise AssertionError("a cached preset was rebuilt")
+
+    monkeypatch.setattr(preset_cache, "_build", no_build)
+    m3, tok = load_preset(name, cache_dir=tmp_path / "a", **kw)
+    assert torch.equal(next(iter(m3.state_dict().values())), next(iter(m1.state_dict().values())))
+    assert tok.padding_side == "left"
+    # another warm-up mix is another preset
+    with pytest.raises(AssertionError, match="rebuilt"):
+        load_preset(name, cache_dir=tmp_path / "a", **{**kw, "warmstart": WarmStart(steps=3, skills=["add"])})
+
+
+def test_unknown_preset_lists_choices(tmp_path):
+    with pytest.raises(ValueError, match=r"tiny:gpt2-bpe, tiny:llama-char"):
+        load_preset("tiny:gpt3", seed=0, warmstart=WarmStart(), task=TASK, prompt_template="{problem}",
+                    cache_dir=tmp_path)
+
+
+def test_warm_start_skill_mix():
+    problems = TASK.train_problems()
+    n_add = sum(p.skill == "add" for p in problems)
+    only_add = select_problems(problems, WarmStart(skills=["add"]))
+    assert len(only_add) == n_add and {p.skill for p in only_add} == {"add"}
+    mixed = select_problems(problems, WarmStart(skills=["add"], other_skill_fraction=0.2))
+    n_sub = sum(p.skill == "sub" for p in mixed)
+    assert n_sub == round(n_add * 0.2 / 0.8)  # sub is 20 % of the pool
+    assert select_problems(problems, WarmStart()) == problems
+    with pytest.raises(ValueError, match="not in the task's skills"):
+        select_problems(problems, WarmStart(skills=["mul"]))
