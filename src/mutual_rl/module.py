@@ -119,7 +119,7 @@ class MutualRLModule(LightningModule):
             t0 = time.perf_counter()
             plan = self.regime.plan(policy, groups[spec.name], peers, self.algorithm.num_mini_batches)
             m = update_policy(
-                policy, plan.batch, plan.mini_batches, self.algorithm, backward=self.manual_backward,
+                policy, plan, self.algorithm, backward=self.manual_backward,
                 step_optimizer=lambda o=opt: self.trainer.strategy.optimizer_step(o.optimizer, lambda: None, self),
                 zero_grad=lambda o=opt: o.zero_grad(set_to_none=True),
             )

@@ -48,6 +48,33 @@ class Rollout:
 
 
 @dataclass(frozen=True)
+class CrossedRollout:
+    """A peer's rollout carried into a receiver's tokenization as text (THL §2.1).
+
+    ``source`` is the peer's original record (its ids, trace and offsets in its own tokenization); the other
+    fields are in the *receiver's* tokenization. ``logp`` is the source trace aligned onto the receiver's
+    tokens (THL §2.2, mass-preserving) when alignment was requested, else zeros (then the receiver must
+    recompute its own old log-probs for these tokens).
+    """
+
+    source: Rollout
+    receiver_id: str
+    prompt_ids: torch.Tensor  # [P] long, receiver's prompt in its own format
+    response_ids: torch.Tensor  # [T] long, receiver's tokens of source.response_text (+ its EOS iff source stopped)
+    offsets: tuple[tuple[int, int], ...]  # T spans in source.response_text (EOS: zero-width at the end)
+    logp: torch.Tensor  # [T] float, aligned source trace (or zeros when not aligned)
+    aligned: bool
+
+    @property
+    def prompt_id(self) -> int:
+        return self.source.prompt_id
+
+    @property
+    def policy_id(self) -> str:
+        return self.source.policy_id
+
+
+@dataclass(frozen=True)
 class ScoredGroup:
     """A policy's group of ``n`` rollouts for one prompt, with rewards and GRPO advantages."""
 
@@ -81,6 +108,12 @@ class PolicyBatch:
     weights: torch.Tensor  # [B] float, per-sequence loss weight (1 for own rollouts)
     is_peer: torch.Tensor  # [B] bool, response came from another policy
     prompt_ids: list[int] = field(default_factory=list)  # B prompt ids (identity, for ordering and logging)
+    needs_old_logp: torch.Tensor | None = None  # [B] bool: the receiver recomputes old_logp before the update
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-row [B] inputs of a regime's objective
+
+    def __post_init__(self):
+        if self.needs_old_logp is None:
+            self.needs_old_logp = torch.zeros(self.input_ids.shape[0], dtype=torch.bool)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -101,4 +134,6 @@ class PolicyBatch:
             weights=self.weights[idx],
             is_peer=self.is_peer[idx],
             prompt_ids=[self.prompt_ids[i] for i in idx.tolist()],
+            needs_old_logp=self.needs_old_logp[idx],
+            extras={k: v[idx] for k, v in self.extras.items()},
         )

@@ -9,7 +9,7 @@ from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.policies.batch import collate
 from mutual_rl.policies.policy import build_policy
 from mutual_rl.policies.update import GRPOConfig, update_policy
-from mutual_rl.regimes.base import split_rows
+from mutual_rl.regimes.base import TrainingPlan, split_rows
 from mutual_rl.rollout.hf import HFRolloutEngine
 from tests.trainer.helpers import TASK, spec
 
@@ -39,8 +39,9 @@ def _grads(policy, batch, **cfg):
         for p in params:
             p.grad = None
 
-    update_policy(policy, batch.select(list(range(len(batch)))), split_rows(len(batch), 2), GRPOConfig(**cfg),
-                  backward=lambda loss: loss.backward(), step_optimizer=capture, zero_grad=zero)
+    plan = TrainingPlan(batch.select(list(range(len(batch)))), split_rows(len(batch), 2))
+    update_policy(policy, plan, GRPOConfig(**cfg), backward=lambda loss: loss.backward(), step_optimizer=capture,
+                  zero_grad=zero)
     return captured[0]
 
 

@@ -6,17 +6,23 @@ from collections.abc import Sequence
 
 import torch
 
-from mutual_rl.types import PolicyBatch, Rollout
+from mutual_rl.types import CrossedRollout, PolicyBatch, Rollout
 
 
 def collate(
-    rollouts: Sequence[Rollout],
+    rollouts: Sequence[Rollout | CrossedRollout],
     advantages: Sequence[float] | torch.Tensor,
     pad_id: int,
     weights: Sequence[float] | torch.Tensor | None = None,
     is_peer: Sequence[bool] | None = None,
+    needs_old_logp: Sequence[bool] | torch.Tensor | None = None,
+    extras: dict[str, torch.Tensor] | None = None,
 ) -> PolicyBatch:
-    """Rows in the order given; ``old_logp`` is each rollout's behaviour trace (``Rollout.logp``)."""
+    """Rows in the order given; ``old_logp`` is each row's ``logp`` trace (own rollouts: the sampler's).
+
+    ``is_peer`` defaults to "is a :class:`CrossedRollout`"; ``needs_old_logp`` defaults to "is a crossed
+    rollout without an aligned trace" (the receiver must recompute its own old log-probs for it).
+    """
     n = len(rollouts)
     if n == 0:
         raise ValueError("cannot collate an empty list of rollouts")
@@ -40,6 +46,11 @@ def collate(
         old_logp=old,
         advantages=torch.as_tensor(advantages, dtype=torch.float32).reshape(n),
         weights=torch.ones(n) if weights is None else torch.as_tensor(weights, dtype=torch.float32).reshape(n),
-        is_peer=torch.zeros(n, dtype=torch.bool) if is_peer is None else torch.as_tensor(is_peer, dtype=torch.bool),
+        is_peer=torch.tensor([isinstance(r, CrossedRollout) for r in rollouts], dtype=torch.bool)
+        if is_peer is None else torch.as_tensor(is_peer, dtype=torch.bool),
         prompt_ids=[r.prompt_id for r in rollouts],
+        needs_old_logp=torch.tensor([isinstance(r, CrossedRollout) and not r.aligned for r in rollouts],
+                                    dtype=torch.bool)
+        if needs_old_logp is None else torch.as_tensor(needs_old_logp, dtype=torch.bool),
+        extras=dict(extras or {}),
     )

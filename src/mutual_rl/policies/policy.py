@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from mutual_rl.policies.spec import PolicySpec, WarmStart
+from mutual_rl.thl.retokenize import prompt_ids
 
 
 class Policy(nn.Module):
@@ -44,11 +45,7 @@ class Policy(nn.Module):
 
     def encode_prompt(self, text: str) -> list[int]:
         """Prompt ids in this policy's format (chat template if configured; BOS as its tokenizer adds it)."""
-        if self.spec.chat_template:
-            return list(self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-            ))
-        return self.tokenizer(text)["input_ids"]
+        return prompt_ids(self.tokenizer, text, chat_template=self.spec.chat_template)
 
     def response_logp(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_width: int, temperature: float,

@@ -7,7 +7,11 @@ summed, never divided again by the number of accumulation steps (METHODS §1).
 Efficiency that changes no gradient (METHODS §1): with no KL term, rows whose advantage is 0 (all-fail and
 all-pass groups) contribute nothing to the gradient, so their forward/backward is skipped while their tokens still
 count in the token-mean denominator. A mini-batch with no active row still takes its optimizer step with zero
-gradients (AdamW's moments and weight decay move exactly as without the skip).
+gradients (AdamW's moments and weight decay move exactly as without the skip). A regime's NLL term (SGT) acts on
+its own rows (``TrainingPlan.nll``), never on the skipped ones, so the skip stays exact with it.
+
+Objectives come from the ``policies.objectives`` registry (``dapo`` by default; regimes may register their own,
+e.g. HACPO's sequence-level objective); the NLL term of mini-batch ``i`` is added before its optimizer step.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mutual_rl.algorithms import masked_mean, policy_loss, zero_advantage_skip_mask
+from mutual_rl.algorithms import masked_mean, zero_advantage_skip_mask
+from mutual_rl.policies.objectives import get_objective
+from mutual_rl.regimes.base import NLLTerm, TrainingPlan
 from mutual_rl.types import PolicyBatch
 
 
@@ -80,32 +86,48 @@ def recompute_old_logp(policy, batch: PolicyBatch, rows: list[int], temperature:
         batch.old_logp[part] = logp.float() * sub.response_mask
 
 
+def nll_loss(policy, nll: NLLTerm, rows: list[int], temperature: float) -> tuple[torch.Tensor, float]:
+    """``coef · mean_rows[token-mean NLL]`` of ``rows`` of the NLL batch, and the unscaled mean NLL."""
+    sub = nll.batch.select(rows)
+    logp, _ = policy.response_logp(sub.input_ids, sub.attention_mask, nll.batch.response_width, temperature)
+    per_seq = -(logp * sub.response_mask).sum(-1) / sub.response_mask.sum(-1).clamp(min=1)
+    mean = per_seq.mean()
+    return nll.coef * mean, float(mean.detach())
+
+
 def update_policy(
-    policy, batch: PolicyBatch, mini_batches: list[list[int]], cfg: GRPOConfig,
+    policy, plan: TrainingPlan, cfg: GRPOConfig,
     backward: Callable[[torch.Tensor], None], step_optimizer: Callable[[], None], zero_grad: Callable[[], None],
-    extra_loss: Callable[[], torch.Tensor | None] | None = None,
 ) -> dict[str, float]:
-    """Run the update; returns metrics averaged over mini-batches (token-weighted where per-token).
+    """Run the update of ``plan``; returns metrics (token-weighted means of per-token ones).
 
     ``backward``, ``step_optimizer`` and ``zero_grad`` come from the trainer (Lightning's manual optimization).
-    ``extra_loss`` (e.g. a regime's NLL term) is added once per optimizer step, disabling the zero-advantage skip.
+    Old log-probs are recomputed for every row when ``cfg.old_logp == "recompute"`` and, always, for rows the
+    regime marks ``needs_old_logp`` (peer responses evaluated under the receiver's own old policy).
     """
+    batch, objective = plan.batch, get_objective(plan.objective)
     temperature = policy.spec.sampling.temperature
     params = [p for p in policy.parameters() if p.requires_grad]
-    skip = zero_advantage_skip_mask(batch.advantages, cfg.kl_coef, extra_loss is not None) if cfg.skip_zero_advantage \
+    skip = zero_advantage_skip_mask(batch.advantages, cfg.kl_coef) if cfg.skip_zero_advantage \
         else torch.zeros(len(batch), dtype=torch.bool)
-    if cfg.old_logp == "recompute":
-        recompute_old_logp(policy, batch, [i for i in range(len(batch)) if not skip[i]], temperature,
-                           cfg.micro_batch_size)
+    need = batch.needs_old_logp | (cfg.old_logp == "recompute")
+    recompute_old_logp(policy, batch, [i for i in range(len(batch)) if need[i] and not skip[i]], temperature,
+                       cfg.micro_batch_size)
     sums: dict[str, float] = {}
-    tokens_seen = 0.0
-    n_steps = 0
+    weights: dict[str, float] = {}
+    steps_metrics = {"grad_norm": 0.0, "loss": 0.0, "nll": 0.0}
+    tokens_seen, n_steps = 0.0, 0
+
+    def add(key: str, value: float, weight: float) -> None:
+        sums[key] = sums.get(key, 0.0) + value * weight
+        weights[key] = weights.get(key, 0.0) + weight
+
     for _ in range(cfg.ppo_epochs):
-        for rows in mini_batches:
+        for i, rows in enumerate(plan.mini_batches):
             mb = batch.select(rows)
             token_count = mb.response_mask.sum()
             num_seqs = int((mb.response_mask.sum(-1) > 0).sum())
-            active = [i for i, r in enumerate(rows) if not skip[r]]
+            active = [j for j, r in enumerate(rows) if not skip[r]]
             zero_grad()
             for part in chunks(active, cfg.micro_batch_size):
                 sub = mb.select(part)
@@ -117,35 +139,35 @@ def update_policy(
                     with torch.no_grad():
                         ref, _ = policy.response_logp(sub.input_ids, sub.attention_mask, mb.response_width,
                                                       temperature, reference=True)
-                loss, m = policy_loss(
-                    logp, sub.old_logp, sub.advantages, sub.response_mask, clip_low=cfg.clip_low,
-                    clip_high=cfg.clip_high, agg=cfg.agg, weights=sub.weights, dual_clip=cfg.dual_clip,
-                    max_len=mb.response_width, token_count=token_count, num_seqs=num_seqs, ref_logp=ref,
-                    kl_coef=cfg.kl_coef, kl_kind=cfg.kl_kind,
-                )
+                loss, m = objective(logp, sub, cfg=cfg, token_count=token_count, num_seqs=num_seqs,
+                                    max_len=mb.response_width, ref_logp=ref, **plan.objective_kwargs)
                 backward(loss)
                 n_tok = float(sub.response_mask.sum())
                 tokens_seen += n_tok
-                for k in ("clip_frac_low", "clip_frac_high", "approx_kl", "ratio_mean", "kl"):
-                    if k in m:
-                        sums[k] = sums.get(k, 0.0) + float(m[k]) * n_tok
-                sums["entropy"] = sums.get("entropy", 0.0) + float(masked_mean(entropy, sub.response_mask)) * n_tok
-                sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
-            if extra_loss is not None:
-                extra = extra_loss()
-                if extra is not None:
-                    backward(extra)
+                for k, v in m.items():
+                    if k.endswith("num_tokens") or k in ("pg_loss", "kl_loss"):
+                        continue
+                    w = float(m[k.rsplit("/", 1)[0] + "/num_tokens"]) if "/" in k else n_tok
+                    add(k, float(v), w)
+                add("entropy", float(masked_mean(entropy, sub.response_mask)), n_tok)
+                steps_metrics["loss"] += float(loss.detach())
+            if plan.nll is not None and plan.nll.mini_batches[i]:
+                extra, mean_nll = nll_loss(policy, plan.nll, plan.nll.mini_batches[i], temperature)
+                backward(extra)
+                steps_metrics["nll"] += mean_nll
+                steps_metrics["loss"] += float(extra.detach())
             for p in params:  # a skipped mini-batch still steps, with zero gradients
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             norm = torch.nn.utils.clip_grad_norm_(params, policy.spec.optimizer.grad_clip or float("inf"))
-            sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(norm)
+            steps_metrics["grad_norm"] += float(norm)
             step_optimizer()
             policy.version += 1
             n_steps += 1
-    out = {k: v / max(tokens_seen, 1.0) for k, v in sums.items() if k not in ("grad_norm", "loss")}
-    out["grad_norm"] = sums.get("grad_norm", 0.0) / max(n_steps, 1)
-    out["loss"] = sums.get("loss", 0.0) / max(n_steps, 1)
+    out = {k: sums[k] / weights[k] for k in sums if weights[k] > 0}
+    out.update({k: v / max(n_steps, 1) for k, v in steps_metrics.items()})
+    if plan.nll is None:
+        out.pop("nll")
     out["trained_tokens"] = tokens_seen
     out["skipped_frac"] = float(skip.float().mean()) if len(batch) else 0.0
     return out

@@ -1,5 +1,17 @@
-"""Sharing regimes (METHODS §5): registered by name, one interface."""
+"""Sharing regimes (METHODS §5): registered by name, one interface (:class:`Regime`)."""
 
-from mutual_rl.regimes.base import Regime, TrainingPlan, available_regimes, get_regime, register_regime
+from mutual_rl.regimes.base import (
+    NLLTerm,
+    Regime,
+    TrainingPlan,
+    available_regimes,
+    get_regime,
+    own_batch,
+    register_regime,
+    split_rows,
+)
 
-__all__ = ["Regime", "TrainingPlan", "available_regimes", "get_regime", "register_regime"]
+__all__ = [
+    "NLLTerm", "Regime", "TrainingPlan", "available_regimes", "get_regime", "own_batch", "register_regime",
+    "split_rows",
+]

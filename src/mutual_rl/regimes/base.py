@@ -8,7 +8,7 @@ callbacks (DESIGN); anything that crosses tokenizers goes through the THL.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,21 +17,56 @@ from mutual_rl.types import PolicyBatch, ScoredGroup
 
 
 @dataclass
+class NLLTerm:
+    """An extra supervised term ``coef · mean_rows[(1/|o|) Σ_t −log π(o_t | q, o_<t)]`` (SGT).
+
+    ``mini_batches[i]`` lists the rows of ``batch`` whose NLL is added to the plan's ``i``-th mini-batch
+    (one list per plan mini-batch; the mean is over the rows of that mini-batch).
+    """
+
+    batch: PolicyBatch
+    mini_batches: list[list[int]]
+    coef: float
+
+
+@dataclass
 class TrainingPlan:
-    """What one receiver trains on this step."""
+    """What one receiver trains on this step.
+
+    ``flows[source]`` accounts for every peer response delivered to this receiver: ``{"consumed": n,
+    "<drop reason>": m, ...}`` in units of responses (the exchange checks that nothing is lost).
+    ``objective`` names the loss (``policies.objectives`` registry) and ``objective_kwargs`` its scalars.
+    """
 
     batch: PolicyBatch
     mini_batches: list[list[int]]  # row indices of each mini-batch, in execution order
-    metrics: dict[str, float]
+    metrics: dict[str, float] = field(default_factory=dict)
+    flows: dict[str, dict[str, int]] = field(default_factory=dict)
+    objective: str = "dapo"
+    objective_kwargs: dict = field(default_factory=dict)
+    nll: NLLTerm | None = None
 
 
 class Regime:
-    """Base class: ``plan`` builds a receiver's training plan for one step."""
+    """Base class: ``plan`` builds a receiver's training plan for one step.
+
+    ``subscribes`` names the record kinds the regime reads from peers (``rollout``, ``reward``, ``advantage``,
+    ``trace``); ``()`` means it reads nothing. A regime may keep state across steps (e.g. HACPO's capability
+    window): it then implements ``state_dict`` / ``load_state_dict`` so a resumed run continues exactly.
+    """
+
+    subscribes: tuple[str, ...] = ()
 
     def plan(
         self, receiver, own: Sequence[ScoredGroup], peers: Mapping[str, Sequence[ScoredGroup]], num_mini_batches: int
     ) -> TrainingPlan:
         raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
 _REGIMES: dict[str, Callable[..., Regime]] = {}
@@ -48,12 +83,33 @@ def register_regime(name: str):
 
 
 def get_regime(name: str, **kwargs) -> Regime:
+    """A new instance of regime ``name`` with its keyword arguments; bad names or arguments are one clear error."""
+    import inspect
+
+    _load_builtin_regimes()
     if name not in _REGIMES:
         raise ValueError(f"Unknown regime {name!r}; choose one of: {', '.join(sorted(_REGIMES))}.")
-    return _REGIMES[name](**kwargs)
+    cls = _REGIMES[name]
+    params = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown:
+        raise ValueError(f"regime {name!r} got unknown arguments {unknown}; it takes: {', '.join(params) or 'none'}.")
+    return cls(**kwargs)
+
+
+def _load_builtin_regimes() -> None:
+    import importlib
+    import pkgutil
+
+    import mutual_rl.regimes as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name not in ("base", "crossing"):
+            importlib.import_module(f"mutual_rl.regimes.{info.name}")
 
 
 def available_regimes() -> list[str]:
+    _load_builtin_regimes()
     return sorted(_REGIMES)
 
 
@@ -70,10 +126,15 @@ def own_batch(receiver, own: Sequence[ScoredGroup]) -> PolicyBatch:
     return collate(rollouts, adv, receiver.tokenizer.pad_token_id)
 
 
+def drop_all(peers: Mapping[str, Sequence[ScoredGroup]], reason: str) -> dict[str, dict[str, int]]:
+    """Flows that drop every delivered peer response for ``reason``."""
+    return {src: {reason: sum(len(g.rollouts) for g in gs)} for src, gs in peers.items()}
+
+
 @register_regime("none")
 class NoSharing(Regime):
-    """Plain GRPO per policy: each policy trains on its own groups only."""
+    """Plain GRPO per policy: each policy trains on its own groups only (subscribes to nothing)."""
 
     def plan(self, receiver, own, peers, num_mini_batches):
         batch = own_batch(receiver, own)
-        return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), {})
+        return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), flows=drop_all(peers, "not_subscribed"))
