@@ -17,9 +17,10 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import nn
 
-from mutual_rl.algorithms import group_outcome_stats, grpo_advantages
 from mutual_rl.evaluation.validation import EvalConfig, Evaluator
+from mutual_rl.exchange import ExperienceExchange
 from mutual_rl.policies.policy import build_policy
+from mutual_rl.policies.scoring import score_groups
 from mutual_rl.policies.spec import PolicySpec
 from mutual_rl.policies.update import GRPOConfig, update_policy
 from mutual_rl.regimes import get_regime
@@ -34,6 +35,7 @@ class MutualRLModule(LightningModule):
         policies: list[PolicySpec],
         algorithm: GRPOConfig = GRPOConfig(),  # noqa: B008 (read-only default; shows in --help)
         regime: str = "none",
+        regime_args: dict | None = None,
         reward: str | None = None,
         evaluation: EvalConfig = EvalConfig(),  # noqa: B008
         log_samples_every_n_steps: int = 50,
@@ -46,7 +48,9 @@ class MutualRLModule(LightningModule):
             policies: the N >= 1 policies trained together (each with its own model, tokenizer, prompt
                 format, optimizer and sampling settings).
             algorithm: GRPO/DAPO settings shared by all policies.
-            regime: sharing regime applied to every receiver (``none`` = plain GRPO per policy).
+            regime: sharing regime of every receiver unless a policy sets its own: ``none`` (plain GRPO per
+                policy), ``xgrpo``, ``prp``, ``sgt``, ``graft``, ``hacpo``.
+            regime_args: the regime's constructor arguments (e.g. ``{coef: 0.3}`` for sgt); see README.
             reward: registered reward name (default: the built-in task's, ``integer_match``).
             evaluation: held-out evaluation settings (validation loop and ``mutual-rl validate``).
             log_samples_every_n_steps: write sample completions to TensorBoard this often (0 = never).
@@ -66,7 +70,12 @@ class MutualRLModule(LightningModule):
         self.automatic_optimization = False
         self.specs = list(policies)
         self.algorithm = algorithm or GRPOConfig()
-        self.regime = get_regime(regime)
+        self.regime_name = regime
+        self.regimes = {
+            p.name: get_regime(p.regime or regime, **((p.regime_args if p.regime else regime_args) or {}))
+            for p in self.specs
+        }
+        self._own_exchange = None
         self.reward_name = reward
         self.evaluation = evaluation or EvalConfig()
         self.log_samples_every_n_steps = log_samples_every_n_steps
@@ -97,6 +106,25 @@ class MutualRLModule(LightningModule):
             opts.append(torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, eps=o.eps))
         return opts
 
+    @property
+    def exchange(self):
+        """The Shared Experience Exchange: the ``ExperienceExchange`` callback if the trainer has one, else a
+        private one (accounting is always checked; nothing is stored)."""
+        for cb in getattr(self._trainer, "callbacks", []) if self._trainer is not None else []:
+            if isinstance(cb, ExperienceExchange):
+                ex = cb
+                break
+        else:
+            if self._own_exchange is None:
+                self._own_exchange = ExperienceExchange()
+            ex = self._own_exchange
+        if not getattr(ex, "_mutual_rl_subscribed", False):
+            for spec in self.specs:
+                regime = self.regimes[spec.name]
+                ex.subscribe(spec.name, set(regime.subscribes), regime=spec.regime or self.regime_name)
+            ex._mutual_rl_subscribed = True
+        return ex
+
     def _datamodule(self):
         return getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
 
@@ -105,26 +133,41 @@ class MutualRLModule(LightningModule):
 
     # ------------------------------------------------------------------------------------------ training
     def training_step(self, batch: PromptBatch, batch_idx: int):
-        step = self.global_step
+        step, ex = self.global_step, self.exchange
+        ex.begin_step(step)
         groups: dict[str, list[ScoredGroup]] = {}
         metrics: dict[str, float] = {}
         for spec in self.specs:
             groups[spec.name], m = self._rollout_and_score(spec, batch, step)
             metrics.update({f"{spec.name}/{k}": v for k, v in m.items()})
+            for g in groups[spec.name]:
+                ex.publish(g)
+        if ex.replayed_policies:  # stored-peer mode: recorded peers' groups for this step's prompts
+            for name, gs in ex.replay_groups(step, [p.prompt_id for p in batch.problems]).items():
+                metrics[f"{name}/reward"] = float(torch.cat([g.rewards for g in gs]).mean()) if gs else 0.0
         optimizers = self.optimizers()
         optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
+        hists: dict[str, torch.Tensor] = {}
         for spec, opt in zip(self.specs, optimizers):
             policy = self.policies[spec.name]
-            peers = {k: v for k, v in groups.items() if k != spec.name}
             t0 = time.perf_counter()
-            plan = self.regime.plan(policy, groups[spec.name], peers, self.algorithm.num_mini_batches)
+            plan = self.regimes[spec.name].plan(policy, groups[spec.name], ex.deliveries(spec.name),
+                                                 self.algorithm.num_mini_batches)
+            for source, flow in plan.flows.items():
+                ex.report(spec.name, source, consumed=flow.get("consumed", 0),
+                          dropped={k: v for k, v in flow.items() if k != "consumed"})
             m = update_policy(
                 policy, plan, self.algorithm, backward=self.manual_backward,
                 step_optimizer=lambda o=opt: self.trainer.strategy.optimizer_step(o.optimizer, lambda: None, self),
                 zero_grad=lambda o=opt: o.zero_grad(set_to_none=True),
             )
             m["train_tokens_per_s"] = m["trained_tokens"] / max(time.perf_counter() - t0, 1e-9)
-            metrics.update({f"{spec.name}/{k}": v for k, v in {**m, **plan.metrics}.items()})
+            for k, v in {**m, **plan.metrics}.items():
+                if k.startswith("hist/"):
+                    hists[f"{spec.name}/{k[5:]}"] = torch.as_tensor(v)
+                else:
+                    metrics[f"{spec.name}/{k}"] = float(v)
+        metrics.update(ex.end_step())
         self._advance_step_counter()
         dm = self._datamodule()
         if dm is not None and hasattr(dm, "mark_consumed"):
@@ -132,35 +175,20 @@ class MutualRLModule(LightningModule):
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(batch.problems))
         self.log("reward", sum(metrics[f"{s.name}/reward"] for s in self.specs) / len(self.specs), prog_bar=True,
                  batch_size=len(batch.problems))
+        self._log_histograms(hists, step)
         self._maybe_log_samples(groups, batch, step)
 
     def _rollout_and_score(self, spec: PolicySpec, batch: PromptBatch, step: int):
-        policy = self.policies[spec.name]
+        """This step's scored groups of one policy and their metrics."""
         t0 = time.perf_counter()
-        per_prompt = self.engine.generate(policy, batch.problems, spec.sampling, step=step,
+        per_prompt = self.engine.generate(self.policies[spec.name], batch.problems, spec.sampling, step=step,
                                           group_id_base=batch.index * len(batch.problems))
         gen_s = time.perf_counter() - t0
-        out, rewards, gids = [], [], []
-        for problem, rollouts in zip(batch.problems, per_prompt):
-            r = torch.tensor([self.reward_fn(x.response_text, problem.answer) for x in rollouts], dtype=torch.float32)
-            rewards.append(r)
-            gids.append(torch.full((len(rollouts),), rollouts[0].group_id, dtype=torch.long))
-        flat_r, flat_g = torch.cat(rewards), torch.cat(gids)
-        adv = grpo_advantages(flat_r, flat_g, eps=self.algorithm.eps, scale=self.algorithm.scale)
-        start = 0
-        for problem, rollouts, r in zip(batch.problems, per_prompt, rewards):
-            out.append(ScoredGroup(spec.name, problem.prompt_id, rollouts[0].group_id, tuple(rollouts), r,
-                                   adv[start : start + len(r)]))
-            start += len(r)
-        stats = group_outcome_stats(flat_r, flat_g, self.algorithm.success_threshold)
-        lengths = [len(x.response_ids) for rs in per_prompt for x in rs]
-        m = {
-            "reward": stats["reward_mean"], "pass_rate": stats["pass_rate"], "all_fail_frac": stats["all_fail_frac"],
-            "all_pass_frac": stats["all_pass_frac"], "mixed_frac": stats["mixed_frac"],
-            "response_length": sum(lengths) / len(lengths), "gen_tokens_per_s": sum(lengths) / max(gen_s, 1e-9),
-            "eos_frac": sum(x.finish_reason == "eos" for rs in per_prompt for x in rs) / len(lengths),
-        }
-        return out, m
+        a = self.algorithm
+        groups, m = score_groups(spec.name, batch.problems, per_prompt, self.reward_fn, eps=a.eps, scale=a.scale,
+                                 success_threshold=a.success_threshold)
+        m["gen_tokens_per_s"] = m["response_length"] * sum(len(r) for r in per_prompt) / max(gen_s, 1e-9)
+        return groups, m
 
     def _advance_step_counter(self) -> None:
         """One training step = one ``global_step``, however many optimizer steps the policies took."""
@@ -169,6 +197,13 @@ class MutualRLModule(LightningModule):
         progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
         progress.increment_ready()
         progress.increment_completed()
+
+    def _log_histograms(self, hists: dict[str, torch.Tensor], step: int) -> None:
+        exp = getattr(self.logger, "experiment", None)
+        if hists and hasattr(exp, "add_histogram"):
+            for tag, values in hists.items():
+                if values.numel():
+                    exp.add_histogram(tag, values, step)
 
     def _maybe_log_samples(self, groups, batch: PromptBatch, step: int) -> None:
         every = self.log_samples_every_n_steps
@@ -204,6 +239,7 @@ class MutualRLModule(LightningModule):
         checkpoint["mutual_rl"] = {
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
             "versions": {name: p.version for name, p in self.policies.items()},
+            "regimes": {name: r.state_dict() for name, r in self.regimes.items()},
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -212,6 +248,9 @@ class MutualRLModule(LightningModule):
         for name, v in state.get("versions", {}).items():
             if name in self.policies:
                 self.policies[name].version = v
+        for name, r_state in state.get("regimes", {}).items():
+            if name in self.regimes:
+                self.regimes[name].load_state_dict(r_state)
 
     def on_train_start(self) -> None:
         if self._rng_to_restore is not None:  # after every restore step, so nothing else consumes it first

@@ -55,15 +55,16 @@ class Policy(nn.Module):
 
         input_ids, attention_mask: [B, P + T]; returns logp [B, T] and entropy [B, T] (or None), under the
         tempered distribution ``softmax(logits / temperature)`` the rollouts were sampled from.
+
+        Rows that share a prompt (a GRPO group) share its forward pass: the distinct prompts run once, their
+        key/value cache is gathered per row (differentiably), and only the response tokens run per row. This
+        changes no value or gradient beyond float rounding (tested) and roughly halves forward+backward time
+        for short responses. Set ``share_prompts = False`` on the policy to turn it off.
         """
         ctx = self._reference_ctx() if reference else contextlib.nullcontext(self.model)
         with ctx as model:
-            pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-            logits = model(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
-                logits_to_keep=response_width + 1,
-            ).logits[:, :-1].float()  # [B, T, V]
-        logits = logits / temperature
+            logits = self._response_logits(model, input_ids, attention_mask, response_width)  # [B, T, V]
+        logits = logits.float() / temperature
         logz = torch.logsumexp(logits, dim=-1)  # [B, T]
         targets = input_ids[:, -response_width:]
         logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
@@ -73,6 +74,28 @@ class Policy(nn.Module):
                 probs = torch.softmax(logits, dim=-1)
                 entropy = logz - (probs * logits).sum(-1)
         return logp, entropy
+
+    share_prompts = True
+
+    def _response_logits(self, model, input_ids, attention_mask, width: int) -> torch.Tensor:
+        """Logits predicting the last ``width`` tokens: [B, width, V]."""
+        pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        prompt_w = input_ids.shape[1] - width
+        if self.share_prompts and prompt_w > 0 and input_ids.shape[0] > 1:
+            keys = torch.cat([input_ids[:, :prompt_w], attention_mask[:, :prompt_w]], dim=1)
+            uniq, inverse = torch.unique(keys, dim=0, return_inverse=True)
+            if len(uniq) < input_ids.shape[0]:
+                p_ids, p_mask = uniq[:, :prompt_w], uniq[:, prompt_w:]
+                out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=pos[:, :prompt_w][_first(inverse)],
+                            use_cache=True, logits_to_keep=1)
+                cache = out.past_key_values
+                cache.batch_select_indices(inverse)
+                rest = model(input_ids=input_ids[:, prompt_w:], attention_mask=attention_mask,
+                             position_ids=pos[:, prompt_w:], past_key_values=cache, use_cache=True,
+                             logits_to_keep=width)
+                return torch.cat([out.logits[:, -1:][inverse], rest.logits[:, :-1]], dim=1)
+        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
+                     logits_to_keep=width + 1).logits[:, :-1]
 
     @contextlib.contextmanager
     def _reference_ctx(self):
@@ -88,6 +111,12 @@ class Policy(nn.Module):
         """Hugging Face format: full weights, or only the LoRA adapters (peft) when LoRA is on."""
         self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
+
+
+def _first(inverse: torch.Tensor) -> torch.Tensor:
+    """For each distinct value of ``inverse`` (0..U-1), the index of its first occurrence."""
+    first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long)
+    return first.scatter_reduce(0, inverse, torch.arange(len(inverse)), reduce="amin")
 
 
 def _add_lora(model, spec: PolicySpec):

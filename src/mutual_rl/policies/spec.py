@@ -109,6 +109,10 @@ class PolicySpec:
     lora: LoraSpec | None = None
     warmstart: WarmStart | None = None
     """Only for ``tiny:`` presets: supervised warm-up settings (default: ``WarmStart()``)."""
+    regime: str | None = None
+    """This policy's own sharing regime as a receiver (default: ``model.regime``)."""
+    regime_args: dict | None = None
+    """Arguments of this policy's own regime."""
     trust_remote_code: bool = False
     seed: int = 0
     """Initialisation seed of a tiny preset."""

@@ -64,13 +64,9 @@ class HFRolloutEngine:
         seq = gen.sequences[:, width:].cpu()  # [B, T]
         scores = torch.stack(gen.scores, dim=1).float()  # [B, T, V] processed (tempered, filtered) logits
         logp = torch.log_softmax(scores, dim=-1).gather(-1, seq.to(scores.device).unsqueeze(-1)).squeeze(-1).cpu()
-        rows, lps = [], []
-        for r in range(seq.shape[0]):
-            eos = (seq[r] == tok.eos_token_id).nonzero()
-            length = int(eos[0]) + 1 if len(eos) else seq.shape[1]
-            rows.append(seq[r, :length].clone())
-            lps.append(logp[r, :length].clone())
-        return rows, lps
+        is_eos = seq == tok.eos_token_id
+        first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, seq.shape[1]).tolist()  # length incl. EOS
+        return [seq[r, :n] for r, n in enumerate(first)], [logp[r, :n] for r, n in enumerate(first)]
 
     @staticmethod
     def _record(policy, problem, prompt_text, prompt_ids, ids, logp, step, group_id) -> Rollout:

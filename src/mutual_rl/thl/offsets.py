@@ -50,10 +50,14 @@ def offsets_by_decoding(tokenizer: Any, ids: list[int], text: str) -> Offsets:
     if dec(ids) != text:
         raise ValueError(f"tokenizer {tokenizer_name(tokenizer)} gives no character offsets and its decode "
                          f"does not reproduce the text exactly, so offsets cannot be recovered")
+    backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+    if backend is not None:  # one Rust call for all prefixes (same text as ``decode`` without clean-up)
+        prefixes = backend.decode_batch([ids[: i + 1] for i in range(len(ids))], skip_special_tokens=True)
+    else:
+        prefixes = [dec(ids[: i + 1]) for i in range(len(ids))]
     spans: Offsets = []
     end = 0
-    for i in range(len(ids)):
-        prefix = dec(ids[: i + 1])
+    for prefix in prefixes:
         new_end = len(prefix) if len(prefix) >= end and text.startswith(prefix) else end
         spans.append((end, new_end))
         end = new_end

@@ -1,0 +1,37 @@
+"""Score a policy's rollouts on text and compute GRPO advantages per own group (explicit group ids)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from mutual_rl.algorithms import group_outcome_stats, grpo_advantages
+from mutual_rl.data.task import Problem
+from mutual_rl.types import Rollout, ScoredGroup
+
+
+def score_groups(
+    policy_id: str, problems: Sequence[Problem], per_prompt: Sequence[Sequence[Rollout]],
+    reward_fn: Callable[[str, str], float], *, eps: float = 1e-6, scale: str = "group",
+    success_threshold: float = 0.0,
+) -> tuple[list[ScoredGroup], dict[str, float]]:
+    """One ScoredGroup per problem (rewards on the response text) and the group-outcome metrics."""
+    rewards = [torch.tensor([reward_fn(r.response_text, p.answer) for r in rs], dtype=torch.float32)
+               for p, rs in zip(problems, per_prompt)]
+    flat_r = torch.cat(rewards)
+    flat_g = torch.cat([torch.full((len(rs),), rs[0].group_id, dtype=torch.long) for rs in per_prompt])
+    adv = grpo_advantages(flat_r, flat_g, eps=eps, scale=scale)
+    groups, start = [], 0
+    for p, rs, r in zip(problems, per_prompt, rewards):
+        groups.append(ScoredGroup(policy_id, p.prompt_id, rs[0].group_id, tuple(rs), r, adv[start : start + len(r)]))
+        start += len(r)
+    stats = group_outcome_stats(flat_r, flat_g, success_threshold)
+    flat = [x for rs in per_prompt for x in rs]
+    metrics = {
+        "reward": stats["reward_mean"], "pass_rate": stats["pass_rate"], "all_fail_frac": stats["all_fail_frac"],
+        "all_pass_frac": stats["all_pass_frac"], "mixed_frac": stats["mixed_frac"],
+        "response_length": sum(len(x.response_ids) for x in flat) / len(flat),
+        "eos_frac": sum(x.finish_reason == "eos" for x in flat) / len(flat),
+    }
+    return groups, metrics
