@@ -1,0 +1,273 @@
+"""GRAFT: Gated Replacement of Answer-Failed groups with peer Trajectories (METHODS §5; paper 003 §4).
+
+As implemented, for a receiver ``R`` and each source ``S`` (success = ``reward > success_threshold``,
+``k_p(q)`` = successes of ``p``'s group for prompt ``q``, ``n`` = the source group's size):
+
+1. **Which.** Candidates ``C_{S→R} = { q : k_R(q) = 0 ∧ 1 ≤ k_S(q) < n }`` (a group of size 1 is never a
+   candidate; neither is an all-pass or all-fail source group).
+2. **Balance** (``balance=True``): ``m = min(|C_{S→R}|, |C_{R→S}|)`` — the receiver computes the reverse
+   direction ``C_{R→S}`` from its own and ``S``'s groups, so the rule is a pure function of this step's groups
+   and both policies reach the same ``m``. Candidates are ranked by ``k_S(q)`` descending and the first ``m`` are
+   kept together with every candidate tied with the ``m``-th (i.e. all ``q`` with ``k_S(q) ≥ k_(m)``); none if
+   ``m = 0``. ``balance=False`` keeps every candidate (stored-peer mode, paper §6.2).
+3. **N > 2** *(ours)*: balancing is pairwise (``R`` with each ``S`` separately, on the raw candidate sets);
+   then, per prompt, among the sources whose *balanced* candidate set holds ``q``, ``R`` takes the one with the
+   highest ``k_S(q)``, ties broken by policy order (``policy_order`` if given — sources it does not name follow
+   in delivery order — else the order of the ``peers`` mapping).
+4. **How.** The selected source group is crossed into ``R``'s tokenization as text (THL, no trace alignment)
+   and replaces ``R``'s failed group **whole** (successes and failures), each response keeping its
+   **source-computed advantage** (never renormalised). Per response, compatibility
+   ``s = exp(ℓ̄(π_R,old, o^R) − ℓ̄(π_S, o^S))`` with ``ℓ̄`` the mean token log-prob, each side in its own
+   tokenization: ``ℓ̄(π_S, o^S)`` = mean of the source's sampled trace (``Rollout.logp``, EOS included);
+   ``ℓ̄(π_R,old, o^R)`` = mean over the crossed response tokens (receiver EOS included) of
+   ``receiver.response_logp`` at the receiver's sampling temperature, under ``no_grad`` before any update.
+   Weight ``w = 1[s > δ] · min(s, 1)``; responses with ``s ≤ δ`` are dropped. Those receiver log-probs are
+   the grafted rows' ``old_logp`` (``needs_old_logp`` False): the token ratio's denominator is ``π_R,old``.
+   *(ours)* If every response of a selected group falls below the floor, nothing is grafted for that prompt
+   and ``R`` keeps its own (all-fail, zero-advantage) group, so a batch is never emptied.
+5. **Objective**: token-mean DAPO (objective ``dapo``) with ``PolicyBatch.weights = w`` (own rows ``w = 1``).
+6. **Peer-last** *(mini-batch sizing ours)*: ``R``'s remaining own rows (its groups in order) are split into
+   ``num_mini_batches`` with ``split_rows``; the grafted rows follow (grouped by prompt, in ``R``'s prompt
+   order) in *additional* mini-batches that run after all own ones, ``ceil(n_graft / size)`` of them with
+   ``size = ceil(n_own_responses / num_mini_batches)`` — the mini-batch size plain GRPO would use this step —
+   also split with ``split_rows``.
+
+Flows (per source, in responses; they sum to the responses delivered): ``consumed`` (grafted, ``w > 0``),
+``compat_below_floor`` (selected but ``s ≤ δ``), ``not_candidate`` (``q ∉ C_{S→R}``), ``unbalanced`` (cut by
+balancing), ``other_source`` (N > 2: another source chosen for ``q``), ``no_own_group`` (``R`` has no group for
+``q``; not expected when peers answer the receiver's prompts).
+
+Metrics (``TrainingPlan.metrics``): per source ``candidates/<S>`` = ``|C_{S→R}|``, ``candidates_reverse/<S>`` =
+``|C_{R→S}|``, ``selected/<S>`` (after balancing), ``rescued/<S>`` (``R``'s failed prompts replaced by ``S``'s
+group), ``transferred_responses/<S>`` (admitted); overall ``transferred_groups``, ``transferred_responses``,
+``admitted_frac`` (admitted / evaluated responses), ``compat_s_mean|min|max`` (when any response was evaluated)
+and ``hist/compat_s``: a 1-D tensor of every evaluated ``s`` (possibly empty), which the module logs as a
+TensorBoard histogram.
+
+Constructor arguments (the YAML ``regime_args``): ``delta`` (δ, 0.8), ``balance`` (True; False in stored-peer
+mode), ``success_threshold`` (0.0), ``policy_order`` (None), ``logp_batch_size`` (rows per receiver forward pass
+of the compatibility evaluation, 16; 0 = all at once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from mutual_rl.policies.batch import collate
+from mutual_rl.regimes.base import Regime, TrainingPlan, register_regime, split_rows
+from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
+from mutual_rl.types import ScoredGroup
+
+__all__ = ["GRAFT", "balanced_candidates", "candidate_prompts", "compatibility_score", "compatibility_weight"]
+
+
+def compatibility_score(receiver_mean_logp, source_mean_logp) -> torch.Tensor:
+    """``s = exp(ℓ̄_R − ℓ̄_S)`` (tensors or floats, broadcast) as a float tensor."""
+    r = torch.as_tensor(receiver_mean_logp, dtype=torch.float64)
+    s = torch.as_tensor(source_mean_logp, dtype=torch.float64)
+    return torch.exp(r - s)
+
+
+def compatibility_weight(receiver_mean_logp, source_mean_logp, delta: float = 0.8) -> torch.Tensor:
+    """GRAFT weight ``w = 1[s > δ] · min(s, 1)`` with ``s = exp(ℓ̄_R − ℓ̄_S)``; ``s ≤ δ`` gives ``w = 0``."""
+    s = compatibility_score(receiver_mean_logp, source_mean_logp)
+    return torch.where(s > delta, s.clamp(max=1.0), torch.zeros_like(s))
+
+
+def _successes(group: ScoredGroup, threshold: float) -> int:
+    return int((group.rewards > threshold).sum())
+
+
+def candidate_prompts(
+    receiver: Mapping[int, ScoredGroup], source: Mapping[int, ScoredGroup], success_threshold: float = 0.0
+) -> dict[int, int]:
+    """``C_{S→R}`` as ``{prompt_id: k_S(q)}``: ``k_R(q) = 0`` and ``1 ≤ k_S(q) < n_S(q)`` (groups by prompt)."""
+    out = {}
+    for q, g in source.items():
+        if q not in receiver or _successes(receiver[q], success_threshold) != 0:
+            continue
+        k = _successes(g, success_threshold)
+        if 1 <= k < len(g.rollouts):
+            out[q] = k
+    return out
+
+
+def balanced_candidates(candidates: Mapping[int, int], reverse_count: int) -> set[int]:
+    """Keep the first ``m = min(|C|, reverse_count)`` candidates by ``k`` descending plus boundary ties."""
+    m = min(len(candidates), reverse_count)
+    if m == 0:
+        return set()
+    cutoff = sorted(candidates.values(), reverse=True)[m - 1]
+    return {q for q, k in candidates.items() if k >= cutoff}
+
+
+def _by_prompt(groups: Sequence[ScoredGroup], who: str) -> dict[int, ScoredGroup]:
+    out: dict[int, ScoredGroup] = {}
+    for g in groups:
+        if g.prompt_id in out:
+            raise ValueError(f"GRAFT: {who!r} has two groups for prompt {g.prompt_id}; expected one per prompt")
+        out[g.prompt_id] = g
+    return out
+
+
+def _mean_logp(trace: torch.Tensor) -> float:
+    return float(trace.double().sum() / max(trace.numel(), 1))
+
+
+@register_regime("graft")
+class GRAFT(Regime):
+    """GRAFT regime (see the module docstring for the rules as implemented and every deviation).
+
+    Args:
+        delta: compatibility floor δ; responses with ``s ≤ δ`` are dropped.
+        balance: balance the transfer volume across directions (False in stored-peer mode).
+        success_threshold: a response with reward above this counts as a success.
+        policy_order: tie-break order of sources for N > 2 (default: order of the delivered ``peers``).
+        logp_batch_size: rows per receiver forward pass when evaluating compatibility (0 = all at once).
+    """
+
+    subscribes = ("rollout", "reward", "advantage")
+
+    def __init__(self, delta: float = 0.8, balance: bool = True, success_threshold: float = 0.0,
+                 policy_order: list[str] | None = None, logp_batch_size: int = 16):
+        if delta < 0:
+            raise ValueError(f"graft: delta must be >= 0, got {delta}")
+        if logp_batch_size < 0:
+            raise ValueError(f"graft: logp_batch_size must be >= 0, got {logp_batch_size}")
+        self.delta = float(delta)
+        self.balance = bool(balance)
+        self.success_threshold = float(success_threshold)
+        self.policy_order = list(policy_order) if policy_order is not None else None
+        self.logp_batch_size = int(logp_batch_size)
+
+    def _source_order(self, peers: Mapping[str, Sequence[ScoredGroup]]) -> list[str]:
+        names = list(peers)
+        if self.policy_order is None:
+            return names
+        rank = {n: i for i, n in enumerate(self.policy_order)}
+        return sorted(names, key=lambda n: (rank.get(n, len(rank)), names.index(n)))
+
+    @torch.no_grad()
+    def _receiver_mean_logp(self, receiver, crossed) -> list[torch.Tensor]:
+        """Per crossed row: the receiver's per-token log-probs of its response tokens (``π_R,old``)."""
+        batch = collate(crossed, torch.zeros(len(crossed)), receiver.tokenizer.pad_token_id)
+        temperature = receiver.spec.sampling.temperature
+        device = getattr(receiver, "device", None)
+        size = self.logp_batch_size or len(crossed)
+        out: list[torch.Tensor] = []
+        for start in range(0, len(crossed), size):
+            sub = batch.select(list(range(start, min(start + size, len(crossed)))))
+            ids, attn = sub.input_ids, sub.attention_mask
+            if device is not None:
+                ids, attn = ids.to(device), attn.to(device)
+            logp, _ = receiver.response_logp(ids, attn, batch.response_width, temperature)
+            logp = logp.detach().float().cpu()
+            for row, c in enumerate(crossed[start:start + size]):
+                out.append(logp[row, : len(c.response_ids)].clone())
+        return out
+
+    def plan(self, receiver, own, peers, num_mini_batches):
+        thr = self.success_threshold
+        own_by = _by_prompt(own, receiver.name)
+        order = self._source_order(peers)
+        rank = {src: i for i, src in enumerate(order)}
+        peer_by = {src: _by_prompt(peers[src], src) for src in order}
+        metrics: dict = {}
+        cands, kept = {}, {}
+        for src in order:
+            cands[src] = candidate_prompts(own_by, peer_by[src], thr)
+            reverse = candidate_prompts(peer_by[src], own_by, thr)
+            kept[src] = balanced_candidates(cands[src], len(reverse)) if self.balance else set(cands[src])
+            metrics[f"candidates/{src}"] = float(len(cands[src]))
+            metrics[f"candidates_reverse/{src}"] = float(len(reverse))
+            metrics[f"selected/{src}"] = float(len(kept[src]))
+        chosen: dict[int, str] = {}  # prompt -> source, highest k_S then policy order
+        for src in order:
+            for q in kept[src]:
+                best = chosen.get(q)
+                if best is None or (cands[src][q], -rank[src]) > (cands[best][q], -rank[best]):
+                    chosen[q] = src
+
+        # compatibility of every response of every chosen group (R's prompt order)
+        selected = [(q, chosen[q]) for q in own_by if q in chosen]
+        prompt_ids = receiver_prompt_ids(own)
+        crossed_groups = [cross_rollouts(receiver, peer_by[src][q].rollouts, prompt_ids) for q, src in selected]
+        flat = [c for cs in crossed_groups for c in cs]
+        r_logp = self._receiver_mean_logp(receiver, flat) if flat else []
+        all_s: list[torch.Tensor] = []
+        grafted = []  # (q, src, [(crossed with old logp, advantage, w)])
+        admitted_count, evaluated = {src: 0 for src in order}, 0
+        below = {src: {} for src in order}
+        pos = 0
+        for (q, src), cs in zip(selected, crossed_groups):
+            g = peer_by[src][q]
+            traces = r_logp[pos : pos + len(cs)]
+            pos += len(cs)
+            r_mean = torch.tensor([_mean_logp(t) for t in traces], dtype=torch.float64)
+            s_mean = torch.tensor([_mean_logp(r.logp) for r in g.rollouts], dtype=torch.float64)
+            s = compatibility_score(r_mean, s_mean)
+            w = compatibility_weight(r_mean, s_mean, self.delta)
+            all_s.append(s)
+            evaluated += len(cs)
+            rows = [(dataclasses.replace(c, logp=t), float(a), float(wi))
+                    for c, t, a, wi in zip(cs, traces, g.advantages.tolist(), w.tolist()) if wi > 0]
+            if rows:
+                grafted.append((q, src, rows))
+                admitted_count[src] += len(rows)
+            below[src][q] = len(cs) - len(rows)
+
+        replaced = {q for q, _, _ in grafted}
+        flows: dict[str, dict[str, int]] = {}
+        for src in peers:
+            f: dict[str, int] = {}
+            for q, g in peer_by[src].items():
+                n = len(g.rollouts)
+                if q not in own_by:
+                    reason = {"no_own_group": n}
+                elif q not in cands[src]:
+                    reason = {"not_candidate": n}
+                elif q not in kept[src]:
+                    reason = {"unbalanced": n}
+                elif chosen[q] != src:
+                    reason = {"other_source": n}
+                else:
+                    reason = {"consumed": n - below[src][q], "compat_below_floor": below[src][q]}
+                for k, v in reason.items():
+                    f[k] = f.get(k, 0) + v
+            flows[src] = {k: v for k, v in f.items() if v}
+            metrics[f"rescued/{src}"] = float(sum(1 for _, s_, _ in grafted if s_ == src))
+            metrics[f"transferred_responses/{src}"] = float(admitted_count[src])
+
+        # rows: R's remaining own groups, then grafted groups (peer-last)
+        own_rows = [(r, float(a)) for g in own if g.prompt_id not in replaced
+                    for r, a in zip(g.rollouts, g.advantages.tolist())]
+        peer_rows = [row for _, _, rows in grafted for row in rows]
+        rollouts = [r for r, _ in own_rows] + [c for c, _, _ in peer_rows]
+        n_own, n_peer = len(own_rows), len(peer_rows)
+        batch = collate(
+            rollouts, [a for _, a in own_rows] + [a for _, a, _ in peer_rows], receiver.tokenizer.pad_token_id,
+            weights=[1.0] * n_own + [w for _, _, w in peer_rows],
+            is_peer=[False] * n_own + [True] * n_peer,
+            needs_old_logp=[False] * (n_own + n_peer),
+        )
+        mini_batches = split_rows(n_own, num_mini_batches) if n_own else []
+        if n_peer:
+            n_total_own = sum(len(g.rollouts) for g in own)
+            size = max(1, math.ceil(n_total_own / max(num_mini_batches, 1)))
+            k = math.ceil(n_peer / size)
+            mini_batches += [[n_own + i for i in mb] for mb in split_rows(n_peer, k)]
+
+        s_all = torch.cat(all_s).float() if all_s else torch.zeros(0)
+        metrics["transferred_groups"] = float(len(grafted))
+        metrics["transferred_responses"] = float(n_peer)
+        metrics["admitted_frac"] = float(n_peer / evaluated) if evaluated else 0.0
+        if evaluated:
+            metrics["compat_s_mean"] = float(s_all.mean())
+            metrics["compat_s_min"] = float(s_all.min())
+            metrics["compat_s_max"] = float(s_all.max())
+        metrics["hist/compat_s"] = s_all
+        return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, objective="dapo")

@@ -1,0 +1,279 @@
+"""HACPO: capability-weighted pooled baseline and sequence-level ratios (METHODS §5, from the public HACPO code).
+
+HACPO is a baseline (GRAFT's comparison). As implemented, for receiver ``R``:
+
+- **Pooled group** ``G(q)``: ``R``'s own group for ``q`` followed by every peer's group for ``q`` (peers in
+  delivery order), peers crossed into ``R``'s tokenization as text (THL, no trace alignment). Peer groups for a
+  prompt ``R`` has no group for are dropped (``no_own_group``).
+- **Capability** ``P_k``: rolling mean over the last ``window`` (5) training steps of policy ``k``'s
+  positive-reward rate, the fraction of its responses with ``reward > success_threshold`` (0) among the groups
+  ``R`` owns (``k = R``) or received from ``k`` this step; *(ours)* the current step is included, and steps are
+  identified by ``Rollout.step``: seeing a step again replaces its entry (a replanned step is counted once). A policy that
+  delivered nothing this step keeps its window. ``P_k`` is floored at ``1e-8``; ``ratio_k = clip(P_R / P_k,
+  0.1, 10)`` (own rows: 1). The windows are regime state (``state_dict``).
+- **Baseline** ``b = mean_{j∈G(q)} r_j · ratio_{src(j)}``; the plain mean if all rewards in ``G(q)`` are
+  identical; ``R``'s own mean reward if ``b > 1``. ``Â_j = (r_j − b) / (std(G(q)) + 1e-6)``, ``std`` unbiased
+  (``torch.std``); a pooled group of size 1 has ``std = 0`` (and ``Â = 0``, its rewards being identical).
+- **Objective** ``hacpo`` (registered here), per sequence ``j`` with ``ℓ̄`` = mean token log-prob:
+  ``s_j = exp(clamp(ℓ̄_R − ℓ̄_src, ±10))``, ``ℓ̄_R`` under the current receiver policy (differentiable);
+  ``ℓ̄_src`` = own rows: mean of ``R``'s old log-probs (``PolicyBatch.old_logp``); peer rows: mean of the
+  source's own sampled trace in its own tokenization (extra ``src_mean_logp``).
+  Self term ``min(s Â, clip(s, 1 − 3e-4, 1 + 4e-4) Â)``; peer term
+  ``clip(s, L_m, 1) · sg(clip(s, L_m, 1))^α · (P_src / P_R) · Â`` with ``P_src / P_R = 1 / ratio_src``
+  (the clipped ratio; extra ``cap_ratio``), ``L_m = min(1, 0.8 + 0.025 m)``, ``α = 1``.
+  ``loss = −Σ_j term_j / num_seqs`` (sequence mean with the *mini-batch's* ``num_seqs``, so micro-batches sum to
+  the mini-batch loss). KL (when ``algorithm.kl_coef > 0``; the shipped YAML uses k3, 1e-3) *(aggregation
+  ours)*: ``+ kl_coef · Σ_j tokenmean_t(kl_t) / num_seqs`` (sequence-mean of per-sequence token means), on
+  every row. ``PolicyBatch.weights`` are not used (all 1).
+- **m** *(ours: the update index counts training steps)*: the number of plans this regime has built for ``R``
+  before the current one (0 at the first step), kept in state; it grows by one per ``plan`` call.
+- Mini-batches: the rows (pooled groups in ``R``'s prompt order, own rows first in each) split with
+  ``split_rows`` into ``num_mini_batches``.
+
+Flows: every peer response for a prompt in ``R``'s batch is ``consumed``; the others ``no_own_group``.
+Metrics: ``capability/<policy>`` (``P_k`` for ``R`` and each source), ``cap_ratio/<source>`` (clipped
+``P_R / P_S``), ``L_m``, ``m``, ``peer_responses``; the objective reports ``seq_ratio_mean``,
+``self/clip_frac`` and ``peer/seq_ratio_mean``, ``peer/clip_frac_low`` (``s < L_m``), ``peer/clip_frac_high``
+(``s > 1``) (token-weighted means over sequences) and ``kl`` when a reference is given.
+
+Constructor arguments (the YAML ``regime_args``): ``window`` (5), ``floor`` (1e-8), ``ratio_min`` (0.1),
+``ratio_max`` (10), ``lower_start`` (0.8), ``lower_slope`` (0.025), ``alpha`` (1), ``self_clip_low`` (3e-4),
+``self_clip_high`` (4e-4), ``log_ratio_clamp`` (10), ``success_threshold`` (0.0), ``eps`` (1e-6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mutual_rl.algorithms import kl_penalty
+from mutual_rl.policies.batch import collate
+from mutual_rl.policies.objectives import register_objective
+from mutual_rl.regimes.base import Regime, TrainingPlan, register_regime, split_rows
+from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
+
+__all__ = ["HACPO", "capability_ratio", "hacpo_advantages", "hacpo_objective", "hacpo_sequence_terms",
+           "lower_bound"]
+
+
+def capability_ratio(p_receiver: float, p_source: float, floor: float = 1e-8, lo: float = 0.1,
+                     hi: float = 10.0) -> float:
+    """``clip(max(P_R, floor) / max(P_S, floor), lo, hi)``."""
+    return min(max(max(p_receiver, floor) / max(p_source, floor), lo), hi)
+
+
+def lower_bound(m: int, start: float = 0.8, slope: float = 0.025) -> float:
+    """``L_m = min(1, start + slope · m)``."""
+    return min(1.0, start + slope * m)
+
+
+def hacpo_advantages(rewards: torch.Tensor, ratio: torch.Tensor, is_own: torch.Tensor,
+                     eps: float = 1e-6) -> torch.Tensor:
+    """HACPO advantages ``[n]`` of one pooled group.
+
+    rewards ``[n]``; ratio ``[n]`` = clipped ``P_R / P_src(j)`` (1 on own rows); is_own ``[n]`` bool.
+    ``b = mean(r · ratio)`` (plain mean if all rewards are identical; own mean if ``b > 1``);
+    ``Â = (r − b) / (std(r) + eps)``, ``std`` unbiased (0 for a single response).
+    """
+    r = rewards.double()
+    if bool((r == r[0]).all()):
+        b = r.mean()
+    else:
+        b = (r * ratio.double()).mean()
+        if b > 1:
+            b = r[is_own].mean()
+    std = r.std() if r.numel() > 1 else torch.zeros((), dtype=torch.float64)
+    return ((r - b) / (std + eps)).float()
+
+
+def hacpo_sequence_terms(
+    mean_logp: torch.Tensor, src_mean_logp: torch.Tensor, advantages: torch.Tensor, is_peer: torch.Tensor,
+    cap_ratio: torch.Tensor, lower: float, alpha: float = 1.0, self_clip_low: float = 3e-4,
+    self_clip_high: float = 4e-4, log_ratio_clamp: float = 10.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence surrogate terms (to maximise) and ratios ``s``; all args ``[B]`` (``mean_logp`` carries grad).
+
+    Self: ``min(s Â, clip(s, 1 − self_clip_low, 1 + self_clip_high) Â)``; peer:
+    ``clip(s, lower, 1) · sg(clip(s, lower, 1))^alpha · Â / cap_ratio``; ``s = exp(clamp(ℓ̄_R − ℓ̄_src, ±c))``.
+    """
+    s = torch.exp((mean_logp - src_mean_logp).clamp(-log_ratio_clamp, log_ratio_clamp))
+    adv = advantages.to(s.dtype)
+    self_term = torch.minimum(s * adv, s.clamp(1.0 - self_clip_low, 1.0 + self_clip_high) * adv)
+    sc = s.clamp(lower, 1.0)
+    peer_term = sc * sc.detach().pow(alpha) * adv / cap_ratio.to(s.dtype)
+    return torch.where(is_peer, peer_term, self_term), s
+
+
+@register_objective("hacpo")
+def hacpo_objective(logp, sub, *, cfg, token_count, num_seqs, max_len, ref_logp=None, lower: float = 0.8,
+                    alpha: float = 1.0, self_clip_low: float = 3e-4, self_clip_high: float = 4e-4,
+                    log_ratio_clamp: float = 10.0):
+    """HACPO sequence-level objective on a micro-batch (see the module doc); needs extras ``src_mean_logp``,
+    ``cap_ratio``. ``num_seqs`` is the mini-batch's sequence count (micro-batch invariant)."""
+    m = sub.response_mask.to(logp.dtype)
+    n_tok = m.sum(-1)
+    den = n_tok.clamp(min=1.0)
+    mean_logp = (logp * m).sum(-1) / den
+    old_mean = (sub.old_logp.to(logp.dtype) * m).sum(-1) / den
+    is_peer = sub.is_peer.to(logp.device)
+    src = torch.where(is_peer, sub.extras["src_mean_logp"].to(logp.dtype), old_mean)
+    terms, s = hacpo_sequence_terms(mean_logp, src, sub.advantages, is_peer, sub.extras["cap_ratio"], lower, alpha,
+                                    self_clip_low, self_clip_high, log_ratio_clamp)
+    has = n_tok > 0
+    n = float(num_seqs) if num_seqs is not None else float(has.sum())
+    n = max(n, 1.0)
+    pg = -(terms * has).sum() / n
+    loss = pg
+    metrics: dict[str, torch.Tensor] = {}
+    if ref_logp is not None:
+        kl_seq = (kl_penalty(logp, ref_logp, cfg.kl_kind) * m).sum(-1) / den
+        if cfg.kl_coef:
+            loss = loss + cfg.kl_coef * (kl_seq * has).sum() / n
+        metrics["kl"] = ((kl_seq * n_tok).sum() / n_tok.sum().clamp(min=1.0)).detach()
+    with torch.no_grad():
+        sd = s.detach()
+
+        def tw(x, rows):  # token-weighted mean over the given sequences
+            w = n_tok * rows
+            return (x.to(w.dtype) * w).sum() / w.sum().clamp(min=1.0)
+
+        every = torch.ones_like(is_peer)
+        metrics["pg_loss"] = pg.detach()
+        metrics["seq_ratio_mean"] = tw(sd, every)
+        for tag, rows in (("self", ~is_peer), ("peer", is_peer)):
+            if not bool((rows & has).any()):
+                continue
+            metrics[f"{tag}/num_tokens"] = (n_tok * rows).sum()
+            metrics[f"{tag}/seq_ratio_mean"] = tw(sd, rows)
+            if tag == "self":
+                clipped = (sd < 1 - self_clip_low) | (sd > 1 + self_clip_high)
+                metrics["self/clip_frac"] = tw(clipped, rows)
+            else:
+                metrics["peer/clip_frac_low"] = tw(sd < lower, rows)
+                metrics["peer/clip_frac_high"] = tw(sd > 1.0, rows)
+    return loss, metrics
+
+
+@register_regime("hacpo")
+class HACPO(Regime):
+    """HACPO baseline regime (rules as implemented and deviations: module docstring).
+
+    Args:
+        window: steps in the capability rolling mean.
+        floor: floor of each capability ``P_k``.
+        ratio_min, ratio_max: clip range of ``P_R / P_S``.
+        lower_start, lower_slope: ``L_m = min(1, lower_start + lower_slope · m)``.
+        alpha: exponent of the stop-gradient factor of the peer term.
+        self_clip_low, self_clip_high: clip range ``[1 − low, 1 + high]`` of the self sequence ratio.
+        log_ratio_clamp: clamp of ``ℓ̄_R − ℓ̄_src`` before ``exp``.
+        success_threshold: a reward above this counts as positive (capability).
+        eps: added to the pooled std.
+    """
+
+    subscribes = ("rollout", "reward")
+
+    def __init__(self, window: int = 5, floor: float = 1e-8, ratio_min: float = 0.1, ratio_max: float = 10.0,
+                 lower_start: float = 0.8, lower_slope: float = 0.025, alpha: float = 1.0,
+                 self_clip_low: float = 3e-4, self_clip_high: float = 4e-4, log_ratio_clamp: float = 10.0,
+                 success_threshold: float = 0.0, eps: float = 1e-6):
+        if window < 1:
+            raise ValueError(f"hacpo: window must be >= 1, got {window}")
+        if not 0 < ratio_min <= ratio_max:
+            raise ValueError(f"hacpo: need 0 < ratio_min <= ratio_max, got {ratio_min}, {ratio_max}")
+        self.window, self.floor, self.ratio_min, self.ratio_max = int(window), floor, ratio_min, ratio_max
+        self.lower_start, self.lower_slope, self.alpha = lower_start, lower_slope, alpha
+        self.self_clip_low, self.self_clip_high, self.log_ratio_clamp = self_clip_low, self_clip_high, log_ratio_clamp
+        self.success_threshold, self.eps = success_threshold, eps
+        self.windows: dict[str, list[tuple[int, float]]] = {}
+        self.updates: dict[str, int] = {}
+
+    # ---------------------------------------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        return {"windows": {k: [list(e) for e in v] for k, v in self.windows.items()}, "updates": dict(self.updates)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.windows = {k: [(int(s), float(r)) for s, r in v] for k, v in state.get("windows", {}).items()}
+        self.updates = {k: int(v) for k, v in state.get("updates", {}).items()}
+
+    def observe(self, policy: str, groups: Sequence) -> None:
+        """Add ``policy``'s positive-reward rate of this step (its groups) to its window."""
+        if not groups:
+            return
+        rewards = torch.cat([g.rewards for g in groups])
+        if rewards.numel() == 0:
+            return
+        rate = float((rewards > self.success_threshold).double().mean())
+        step = int(groups[0].rollouts[0].step) if groups[0].rollouts else -1
+        win = self.windows.setdefault(policy, [])
+        if win and win[-1][0] == step:
+            win[-1] = (step, rate)
+        else:
+            win.append((step, rate))
+        del win[: max(0, len(win) - self.window)]
+
+    def capability(self, policy: str) -> float:
+        """``P_k``: mean of the window (floored); the floor if nothing was observed."""
+        win = self.windows.get(policy, [])
+        mean = sum(r for _, r in win) / len(win) if win else 0.0
+        return max(mean, self.floor)
+
+    # ----------------------------------------------------------------------------------------------- plan
+    def plan(self, receiver, own, peers, num_mini_batches):
+        name = receiver.name
+        self.observe(name, own)
+        for src, gs in peers.items():
+            self.observe(src, gs)
+        p_r = self.capability(name)
+        ratio = {src: capability_ratio(p_r, self.capability(src), self.floor, self.ratio_min, self.ratio_max)
+                 for src in peers}
+        m = self.updates.get(name, 0)
+        self.updates[name] = m + 1
+        lower = lower_bound(m, self.lower_start, self.lower_slope)
+
+        own_prompts = {g.prompt_id for g in own}
+        prompt_ids = receiver_prompt_ids(own)
+        by_prompt: dict[int, list] = {q: [] for q in own_prompts}
+        flows: dict[str, dict[str, int]] = {}
+        for src, gs in peers.items():
+            f = {"consumed": 0, "no_own_group": 0}
+            for g in gs:
+                if g.prompt_id in own_prompts:
+                    by_prompt[g.prompt_id].append((src, g))
+                    f["consumed"] += len(g.rollouts)
+                else:
+                    f["no_own_group"] += len(g.rollouts)
+            flows[src] = {k: v for k, v in f.items() if v}
+
+        rows, advs, peer_flags, src_mean, caps = [], [], [], [], []
+        for g in own:
+            pooled = [(None, g)] + by_prompt[g.prompt_id]
+            rewards = torch.cat([pg.rewards.float() for _, pg in pooled])
+            r_of = torch.cat([torch.full((len(pg.rollouts),), 1.0 if s is None else ratio[s]) for s, pg in pooled])
+            own_mask = torch.zeros(len(rewards), dtype=torch.bool)
+            own_mask[: len(g.rollouts)] = True
+            adv = hacpo_advantages(rewards, r_of, own_mask, self.eps) if len(rewards) else rewards
+            advs.append(adv)
+            for s, pg in pooled:
+                if s is None:
+                    rows += list(pg.rollouts)
+                    src_mean += [0.0] * len(pg.rollouts)
+                else:
+                    rows += cross_rollouts(receiver, pg.rollouts, prompt_ids)
+                    src_mean += [float(r.logp.double().sum() / max(r.logp.numel(), 1)) for r in pg.rollouts]
+                peer_flags += [s is not None] * len(pg.rollouts)
+            caps.append(r_of)
+        batch = collate(
+            rows, torch.cat(advs), receiver.tokenizer.pad_token_id, is_peer=peer_flags,
+            needs_old_logp=[False] * len(rows),
+            extras={"src_mean_logp": torch.tensor(src_mean, dtype=torch.float32), "cap_ratio": torch.cat(caps)},
+        )
+        metrics: dict = {f"capability/{name}": p_r, "L_m": lower, "m": float(m),
+                         "peer_responses": float(sum(peer_flags))}
+        for src in peers:
+            metrics[f"capability/{src}"] = self.capability(src)
+            metrics[f"cap_ratio/{src}"] = ratio[src]
+        kwargs = {"lower": lower, "alpha": self.alpha, "self_clip_low": self.self_clip_low,
+                  "self_clip_high": self.self_clip_high, "log_ratio_clamp": self.log_ratio_clamp}
+        return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics, flows=flows,
+                            objective="hacpo", objective_kwargs=kwargs)
