@@ -1,0 +1,134 @@
+"""SGT: Success-Gated Transfer (outcome level; METHODS §5).
+
+As implemented, for receiver ``R`` and each prompt ``q`` of its batch (success: ``reward > success_threshold``):
+
+1. **Gate.** Open iff ``k_R(q) = 0`` and some peer has ``k_S(q) ≥ 1``.
+2. **Draw.** One verified peer success is drawn uniformly among *all* peers' successes for ``q`` pooled (not
+   first a source, then a response: a source with more successes is proportionally more likely). The
+   candidates are ordered by source name, then by position in the source's group, and the draw is
+   ``random.Random(f"{seed}:{step}:{R}:{prompt_id}").randrange(#candidates)`` with ``step`` the ``step`` field
+   of ``R``'s own rollouts for ``q``: deterministic, independent of the peers' mapping order and of any other
+   prompt, and stateless (a resumed run draws the same; nothing to checkpoint).
+3. **Cross.** The drawn response crosses to ``R``'s tokenization as text (THL §2.1, ``cross_rollouts``
+   without trace alignment), after ``R``'s own prompt ids for ``q``.
+4. **Loss.** ``L_R = L_GRPO + λ · mean_{rescued o} [ (1/|o^R|) Σ_t −log π_R(o^R_t | q, o^R_<t) ]``, ``λ = coef``
+   *(ours: token-mean per response, then mean over the rescued responses)*. ``L_GRPO`` is ``R``'s unchanged own
+   GRPO batch (``own_batch``, DAPO objective, ``split_rows`` mini-batches). The NLL term is a
+   :class:`~mutual_rl.regimes.base.NLLTerm`: each rescued response's row goes to the mini-batch that holds
+   the first row of ``R``'s own group for ``q``, and each optimizer step adds ``λ ·`` the mean NLL over the
+   rescued rows of its own mini-batch *(ours; with one mini-batch this is exactly the formula above)*. The
+   NLL log-probs use the policy's sampling temperature, as every log-prob of the update does.
+
+Applies in every direction and for any number of policies (N = 1: no peers, plain GRPO, ``nll`` is None).
+
+Flows per source (units: responses): the drawn success ``consumed``; on a gated prompt the other successes
+``not_drawn`` and the failures ``not_success``; every response for a prompt whose gate is closed (``R`` had a
+success, or no peer had one) ``gate_closed``; responses for a prompt ``R`` did not answer ``no_own_group``.
+
+Metrics: ``rescued/<source>`` (rescued prompts whose draw came from that source, every source listed),
+``rescued`` (their total), ``gate_rate`` (fraction of ``R``'s prompts with the gate open; equal to
+``rescued / #prompts``), ``all_fail_frac`` (fraction of ``R``'s prompts with ``k_R = 0``, open gate or not).
+The update reports the mean NLL itself (``nll``).
+
+Constructor arguments (``regime_args``): ``coef`` (λ, default 0.1), ``seed`` (draw seed, default 0),
+``success_threshold`` (default 0.0; keep it equal to ``algorithm.success_threshold``).
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from mutual_rl.policies.batch import collate
+from mutual_rl.regimes.base import NLLTerm, Regime, TrainingPlan, own_batch, register_regime, split_rows
+from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
+from mutual_rl.regimes.xgrpo import peer_groups_by_prompt
+
+
+def draw_index(seed: int, step: int, receiver: str, prompt_id: int, num_candidates: int) -> int:
+    """The seeded uniform draw of SGT: an index in ``range(num_candidates)``."""
+    return random.Random(f"{seed}:{step}:{receiver}:{prompt_id}").randrange(num_candidates)
+
+
+@register_regime("sgt")
+class SGT(Regime):
+    """Outcome-level sharing: one verified peer success per all-fail prompt, learnt by an NLL term.
+
+    See the module docstring for the rule as implemented and the *ours* choices.
+
+    Args:
+        coef: λ, the weight of the NLL term (default 0.1).
+        seed: seed of the uniform draw among the peers' successes (default 0).
+        success_threshold: a response succeeds iff its reward is above this (default 0.0).
+    """
+
+    subscribes = ("rollout", "reward")
+
+    def __init__(self, coef: float = 0.1, seed: int = 0, success_threshold: float = 0.0):
+        if coef < 0:
+            raise ValueError(f"sgt: coef must be >= 0, got {coef}")
+        self.coef = float(coef)
+        self.seed = int(seed)
+        self.success_threshold = float(success_threshold)
+
+    def plan(self, receiver, own, peers, num_mini_batches):
+        own = [g for g in own if g.rollouts]
+        batch = own_batch(receiver, own)
+        mini_batches = split_rows(len(batch), num_mini_batches)
+        row_to_mb = {r: i for i, rows in enumerate(mini_batches) for r in rows}
+        by_prompt = peer_groups_by_prompt(peers)
+        flows: dict[str, dict[str, int]] = {src: {} for src in peers}
+
+        def count(src: str, reason: str, n: int) -> None:
+            if n:
+                flows[src][reason] = flows[src].get(reason, 0) + n
+
+        own_prompts = {g.prompt_id for g in own}
+        for src, groups in peers.items():
+            for g in groups:
+                if g.prompt_id not in own_prompts:
+                    count(src, "no_own_group", len(g.rollouts))
+
+        rescued: list = []  # drawn peer rollouts, in R's prompt order
+        rescued_mb: list[int] = []
+        rescued_by = dict.fromkeys(peers, 0)
+        start, all_fail = 0, 0
+        thr = self.success_threshold
+        for g in own:
+            first_row, start = start, start + len(g.rollouts)
+            groups = by_prompt.get(g.prompt_id, [])
+            k_own = int((g.rewards > thr).sum())
+            all_fail += k_own == 0
+            candidates = [  # (source, group, index) of every peer success for q, by source name then position
+                (src, pg, i) for src, pg in sorted(groups, key=lambda sg: sg[0])
+                for i in range(len(pg.rollouts)) if float(pg.rewards[i]) > thr
+            ]
+            if k_own > 0 or not candidates:
+                for src, pg in groups:
+                    count(src, "gate_closed", len(pg.rollouts))
+                continue
+            step = int(g.rollouts[0].step)
+            src_d, g_d, i_d = candidates[draw_index(self.seed, step, receiver.name, g.prompt_id, len(candidates))]
+            for src, pg in groups:
+                successes = int((pg.rewards > thr).sum())
+                count(src, "not_success", len(pg.rollouts) - successes)
+                count(src, "consumed", int(pg is g_d))
+                count(src, "not_drawn", successes - int(pg is g_d))
+            drawn = g_d.rollouts[i_d]
+            rescued.append(drawn)
+            rescued_mb.append(row_to_mb[first_row])
+            rescued_by[src_d] += 1
+
+        nll = None
+        if rescued:
+            crossed = cross_rollouts(receiver, rescued, receiver_prompt_ids(own))
+            nll_batch = collate(crossed, torch.zeros(len(crossed)), receiver.tokenizer.pad_token_id)
+            nll_rows: list[list[int]] = [[] for _ in mini_batches]
+            for row, mb in enumerate(rescued_mb):
+                nll_rows[mb].append(row)
+            nll = NLLTerm(nll_batch, nll_rows, self.coef)
+        metrics = {f"rescued/{src}": float(n) for src, n in rescued_by.items()}
+        metrics.update(rescued=float(len(rescued)), gate_rate=len(rescued) / len(own),
+                       all_fail_frac=all_fail / len(own))
+        return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, nll=nll)

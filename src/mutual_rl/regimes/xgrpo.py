@@ -1,0 +1,109 @@
+"""XGRPO: Cross-Policy GRPO Advantage Sharing (value level; METHODS §5).
+
+The receiver ``R`` trains on its own rollouts only (strictly on-policy); only the peers' *scalar rewards* for
+the same prompt cross, so no THL is involved. As implemented, for every prompt ``q`` of ``R``'s batch:
+
+- pooled rewards ``∪_p R_p(q)`` = ``R``'s own rewards for ``q`` followed by those of every peer that answered
+  ``q`` (a peer missing ``q`` simply contributes nothing);
+- ``Â_i^R = (r_i^R − mean(∪_p R_p(q))) / (std(∪_p R_p(q)) + ε)`` for ``R``'s own responses only, ``std``
+  unbiased (``torch.std``); a zero-variance pool and a pooled group of size 1 give ``Â = 0`` exactly
+  (``algorithms.grpo_advantages`` on the pool as one group). *(ours: the paper states "on-policy rollouts,
+  baseline from rewards pooled across the policy pool" and gives no equation; this formula is our rule.)*
+- The advantages are always recomputed from the pool, also for a prompt no peer answered (then it is plain
+  GRPO on ``R``'s group with this regime's ``eps``; keep ``eps`` equal to ``algorithm.eps`` for N = 1 to
+  reproduce the trainer's own advantages exactly). The std scale is always on (``algorithm.scale`` is not
+  consulted).
+- Mini-batches: ``split_rows`` over ``R``'s own rows in its prompt order (as plain GRPO); DAPO objective.
+
+Flows (units: peer responses): a peer response is ``consumed`` (as its reward) when ``R`` has a group for its
+prompt, else dropped ``no_own_group``.
+
+Metrics: ``xgrpo/pooled_frac`` (fraction of ``R``'s prompts with at least one peer group), ``xgrpo/pool_size``
+(mean pooled group size), ``xgrpo/adv_abs_diff`` (mean ``|Â^XGRPO − Â^GRPO|`` over ``R``'s rows, against the
+advantages ``R``'s groups arrived with) and ``xgrpo/signal_frac`` (fraction of ``R``'s rows with ``Â ≠ 0``).
+
+Constructor arguments (``regime_args``): ``eps`` (the ε above, default ``1e-6``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from mutual_rl.algorithms import grpo_advantages
+from mutual_rl.policies.batch import collate
+from mutual_rl.regimes.base import Regime, TrainingPlan, register_regime, split_rows
+from mutual_rl.types import ScoredGroup
+
+
+def peer_groups_by_prompt(peers: Mapping[str, Sequence[ScoredGroup]]) -> dict[int, list[tuple[str, ScoredGroup]]]:
+    """prompt_id -> [(source, group), ...] in the peers' mapping order (groups without rollouts skipped)."""
+    out: dict[int, list[tuple[str, ScoredGroup]]] = {}
+    for src, groups in peers.items():
+        for g in groups:
+            if g.rollouts:
+                out.setdefault(g.prompt_id, []).append((src, g))
+    return out
+
+
+def consumed_or_no_own_group(
+    peers: Mapping[str, Sequence[ScoredGroup]], own_prompts: set[int]
+) -> dict[str, dict[str, int]]:
+    """Flows: peer responses whose prompt ``R`` answered are consumed, the others dropped ``no_own_group``."""
+    flows: dict[str, dict[str, int]] = {}
+    for src, groups in peers.items():
+        f = flows.setdefault(src, {})
+        for g in groups:
+            if not g.rollouts:
+                continue
+            key = "consumed" if g.prompt_id in own_prompts else "no_own_group"
+            f[key] = f.get(key, 0) + len(g.rollouts)
+    return flows
+
+
+def pooled_advantages(own: torch.Tensor, others: Sequence[torch.Tensor], eps: float) -> torch.Tensor:
+    """GRPO advantages of the pooled rewards ``cat(own, *others)`` as one group: ``[len(own) + Σ len(others)]``."""
+    pool = torch.cat([own.float(), *[o.float() for o in others]])
+    return grpo_advantages(pool, torch.zeros(len(pool), dtype=torch.long), eps=eps)
+
+
+@register_regime("xgrpo")
+class XGRPO(Regime):
+    """Value-level sharing: ``R``'s own rollouts with a baseline pooled over every policy's rewards for ``q``.
+
+    See the module docstring for the rule as implemented (the formula is *ours*).
+
+    Args:
+        eps: ε added to the pooled std (default ``1e-6``, as ``algorithm.eps``).
+    """
+
+    subscribes = ("reward",)
+
+    def __init__(self, eps: float = 1e-6):
+        if eps < 0:
+            raise ValueError(f"xgrpo: eps must be >= 0, got {eps}")
+        self.eps = float(eps)
+
+    def plan(self, receiver, own, peers, num_mini_batches):
+        by_prompt = peer_groups_by_prompt(peers)
+        own = [g for g in own if g.rollouts]
+        rollouts, advs, old_advs, sizes, pooled = [], [], [], [], 0
+        for g in own:
+            others = [pg.rewards for _, pg in by_prompt.get(g.prompt_id, [])]
+            adv = pooled_advantages(g.rewards, others, self.eps)[: len(g.rollouts)]
+            rollouts.extend(g.rollouts)
+            advs.append(adv)
+            old_advs.append(g.advantages.float())
+            sizes.append(len(g.rollouts) + sum(len(o) for o in others))
+            pooled += bool(others)
+        adv = torch.cat(advs)
+        batch = collate(rollouts, adv, receiver.tokenizer.pad_token_id)
+        metrics = {
+            "xgrpo/pooled_frac": pooled / len(own),
+            "xgrpo/pool_size": sum(sizes) / len(sizes),
+            "xgrpo/adv_abs_diff": float((adv - torch.cat(old_advs)).abs().mean()),
+            "xgrpo/signal_frac": float((adv != 0).float().mean()),
+        }
+        flows = consumed_or_no_own_group(peers, {g.prompt_id for g in own})
+        return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics, flows=flows)
