@@ -184,7 +184,7 @@ class OurStep:
         t0 = time.perf_counter()
         groups, m = self.module._rollout_and_score(self.spec, batch, step)
         t1 = time.perf_counter()
-        plan = self.module.regime.plan(self.policy, groups, {}, self.algo.num_mini_batches)
+        plan = self.module.regimes[self.policy.name].plan(self.policy, groups, {}, self.algo.num_mini_batches)
         t2 = time.perf_counter()
         u = update_policy(
             self.policy, plan, self.algo, backward=lambda loss: loss.backward(),

@@ -7,6 +7,7 @@ preset         architecture            tokenizer                   params
 ============== ======================= =========================== ==========
 gpt2-bpe       ``GPT2LMHeadModel``      byte-level BPE, 1-digit nums ~0.9 M
 llama-char     ``LlamaForCausalLM``     character-level, BOS ``<s>`` ~0.8 M
+llama-bpe      ``LlamaForCausalLM``     byte-level BPE, 1-digit nums ~0.9 M (a third policy)
 ============== ======================= =========================== ==========
 
 Sizes follow CALIBRATION.md (0.7-3 M parameters learn 2-digit arithmetic by a short supervised warm-up).
@@ -52,6 +53,7 @@ def _llama(vocab: int, bos: int, eos: int, pad: int) -> PreTrainedModel:
 ARCHS: dict[str, PresetArch] = {
     "gpt2-bpe": PresetArch("bpe", _gpt2, "GPT2Block"),
     "llama-char": PresetArch("char", _llama, "LlamaDecoderLayer"),
+    "llama-bpe": PresetArch("bpe", _llama, "LlamaDecoderLayer"),
 }
 
 
