@@ -9,6 +9,7 @@ touching Lightning's step counter, which the module advances once per training s
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from mutual_rl.policies.spec import PolicySpec
 from mutual_rl.policies.update import GRPOConfig, update_policy
 from mutual_rl.regimes import get_regime
 from mutual_rl.rewards import get_reward
-from mutual_rl.rollout.hf import HFRolloutEngine
+from mutual_rl.rollout import get_engine
 from mutual_rl.types import PromptBatch, ScoredGroup
 
 
@@ -38,6 +39,8 @@ class MutualRLModule(LightningModule):
         regime_args: dict | None = None,
         reward: str | None = None,
         evaluation: EvalConfig = EvalConfig(),  # noqa: B008
+        rollout_engine: str = "hf",
+        rollout_engine_args: dict | None = None,
         log_samples_every_n_steps: int = 50,
         eval_at_start: bool = True,
         export_dir: str | None = None,
@@ -53,6 +56,9 @@ class MutualRLModule(LightningModule):
             regime_args: the regime's constructor arguments (e.g. ``{coef: 0.3}`` for sgt); see README.
             reward: registered reward name (default: the built-in task's, ``integer_match``).
             evaluation: held-out evaluation settings (validation loop and ``mutual-rl validate``).
+            rollout_engine: ``hf`` (Hugging Face ``generate``, CPU/GPU) or ``vllm`` (GPU; ``pip install
+                mutual-rl[vllm]``).
+            rollout_engine_args: keyword arguments of the engine.
             log_samples_every_n_steps: write sample completions to TensorBoard this often (0 = never).
             eval_at_start: evaluate on the held-out split before the first training step (logged at step 0),
                 so every curve starts from the warm-started policies.
@@ -76,13 +82,14 @@ class MutualRLModule(LightningModule):
             for p in self.specs
         }
         self._own_exchange = None
+        self.budgets: dict = {}  # policy -> budget (n, max_new_tokens, update), set by the MWRA callback per step
         self.reward_name = reward
         self.evaluation = evaluation or EvalConfig()
         self.log_samples_every_n_steps = log_samples_every_n_steps
         self.eval_at_start = eval_at_start
         self.export_dir, self.cache_dir = export_dir, cache_dir
         self.policies = nn.ModuleDict()
-        self.engine = HFRolloutEngine()
+        self.engine = get_engine(rollout_engine, **(rollout_engine_args or {}))
         self._rng_to_restore = None
 
     # ------------------------------------------------------------------------------------------ set-up
@@ -150,6 +157,12 @@ class MutualRLModule(LightningModule):
         hists: dict[str, torch.Tensor] = {}
         for spec, opt in zip(self.specs, optimizers):
             policy = self.policies[spec.name]
+            budget = self.budgets.get(spec.name)
+            if budget is not None and not budget.update:  # MWRA: this policy does not update this step
+                for source, gs in ex.deliveries(spec.name).items():
+                    ex.report(spec.name, source, consumed=0,
+                              dropped={"over_budget": sum(len(g.rollouts) for g in gs)} if gs else {})
+                continue
             t0 = time.perf_counter()
             plan = self.regimes[spec.name].plan(policy, groups[spec.name], ex.deliveries(spec.name),
                                                  self.algorithm.num_mini_batches)
@@ -162,6 +175,9 @@ class MutualRLModule(LightningModule):
                 zero_grad=lambda o=opt: o.zero_grad(set_to_none=True),
             )
             m["train_tokens_per_s"] = m["trained_tokens"] / max(time.perf_counter() - t0, 1e-9)
+            sync = getattr(self.engine, "sync_weights", None)
+            if sync is not None:  # engines that hold their own copy of the weights (vLLM): push the update
+                m.update(sync(policy) or {})
             for k, v in {**m, **plan.metrics}.items():
                 if k.startswith("hist/"):
                     hists[f"{spec.name}/{k[5:]}"] = torch.as_tensor(v)
@@ -180,8 +196,12 @@ class MutualRLModule(LightningModule):
 
     def _rollout_and_score(self, spec: PolicySpec, batch: PromptBatch, step: int):
         """This step's scored groups of one policy and their metrics."""
+        sampling = spec.sampling
+        budget = self.budgets.get(spec.name)
+        if budget is not None:  # MWRA: rollouts per prompt and max new tokens for this step
+            sampling = dataclasses.replace(sampling, n=budget.n, max_new_tokens=budget.max_new_tokens)
         t0 = time.perf_counter()
-        per_prompt = self.engine.generate(self.policies[spec.name], batch.problems, spec.sampling, step=step,
+        per_prompt = self.engine.generate(self.policies[spec.name], batch.problems, sampling, step=step,
                                           group_id_base=batch.index * len(batch.problems))
         gen_s = time.perf_counter() - t0
         a = self.algorithm
