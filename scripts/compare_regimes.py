@@ -1,0 +1,325 @@
+"""Compare sharing regimes under a matched budget: runs, table and plots (resumable).
+
+Every regime trains the same pair of tiny heterogeneous policies with *complementary* skills (the embedded
+benchmark of ``configs/sgt.yaml``: GPT-2/BPE warm-started on ``+``, Llama/char on ``-``) with the same rollout
+budget (n = 8 per prompt, 16 prompts per step), the same number of steps and the same seeds; only the regime
+differs. Each (regime, seed) is one ``mutual-rl fit`` process; ``--parallel`` of them run at once with one torch
+thread each (on 2 cores, two single-thread runs beat one two-thread run).
+
+Resumable: a finished run leaves ``done.json`` and is skipped; an interrupted one restarts from its
+``last.ckpt`` (checkpoints every ``--ckpt-every`` steps). Re-running the same command continues where it stopped.
+
+Outputs under ``results/<name>/``: ``table.md`` (per policy: held-out pass@1 — the mean of the last ``--last-k``
+evaluations — as mean ± std over seeds, overall and per skill, Δ vs GRPO and whether Δ exceeds the seed-to-seed
+spread), ``diagnostics.md`` (gate rates, admitted fractions, transfers, clip fractions), ``pass_at_1.png``,
+``entropy_kl.png``, ``transfers.png``, and ``summary.json``. Run folders (``runs/``) are not committed.
+
+Usage::
+
+    python scripts/compare_regimes.py --name embedded                 # 7 regimes x 3 seeds, 400 steps
+    python scripts/compare_regimes.py --name smoke --smoke            # 2 steps, 1 seed, tiny warm-up
+    python scripts/compare_regimes.py --name embedded --report-only   # rebuild table/plots from finished runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE_CONFIG = ROOT / "configs" / "sgt.yaml"
+
+#: regime label -> (model.regime, model.regime_args, model.algorithm overrides)
+REGIMES: dict[str, tuple[str, dict, dict]] = {
+    "grpo": ("none", {}, {}),
+    "xgrpo": ("xgrpo", {}, {}),
+    "prp_snapshot": ("prp", {"denominator": "learner_snapshot"}, {}),
+    "prp_aligned": ("prp", {"denominator": "peer_aligned"}, {}),
+    "sgt": ("sgt", {"coef": 0.3}, {}),
+    "graft": ("graft", {"delta": 0.8}, {}),
+    "hacpo": ("hacpo", {}, {"kl_coef": 1.0e-3, "kl_kind": "k3"}),
+}
+
+
+def run_config(label: str, seed: int, args, run_dir: Path) -> dict:
+    """The YAML of one run: the base config with the regime, seed, budget and evaluation set."""
+    cfg = yaml.safe_load(BASE_CONFIG.read_text())
+    regime, regime_args, algo = REGIMES[label]
+    cfg["seed_everything"] = seed
+    cfg["trainer"].update(
+        max_steps=args.steps, val_check_interval=args.val_every, enable_progress_bar=False,
+        logger={"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                "init_args": {"save_dir": str(run_dir), "name": "tb", "version": 0}},
+        callbacks=[
+            {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+             "init_args": {"dirpath": str(run_dir / "ckpt"), "every_n_train_steps": args.ckpt_every,
+                           "save_last": True, "save_top_k": 1}},
+            {"class_path": "mutual_rl.exchange.ExperienceExchange"},
+        ],
+    )
+    model = cfg["model"]
+    model.update(regime=regime, regime_args=regime_args or None, export_dir=str(run_dir / "export"),
+                 log_samples_every_n_steps=0)
+    model["algorithm"] = {**model.get("algorithm", {}), **algo}
+    model["evaluation"] = {**model.get("evaluation", {}), "k": args.k}
+    if args.smoke:
+        for p in model["policies"]:
+            p["warmstart"] = {**p.get("warmstart", {}), "steps": 10}
+            p["sampling"] = {**p.get("sampling", {}), "n": 4}
+    cfg["data"].update(seed=seed, val_per_skill=args.val_per_skill)
+    if args.smoke:
+        cfg["data"]["batch_size"] = 4
+    return cfg
+
+
+def launch(label: str, seed: int, args, root: Path) -> subprocess.Popen | None:
+    run_dir = root / "runs" / f"{label}-s{seed}"
+    if (run_dir / "done.json").exists():
+        return None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(run_config(label, seed, args, run_dir), sort_keys=False))
+    cmd = [sys.executable, "-m", "mutual_rl.cli", "fit", "--config", str(run_dir / "config.yaml")]
+    last = run_dir / "ckpt" / "last.ckpt"
+    if last.exists():
+        cmd += ["--ckpt_path", str(last)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    log = open(run_dir / "log.txt", "a")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    proc.run_dir, proc.label, proc.seed, proc.t0 = run_dir, label, seed, time.time()  # type: ignore[attr-defined]
+    return proc
+
+
+def run_all(args, root: Path) -> None:
+    todo = [(label, seed) for seed in args.seeds for label in args.regimes]
+    running: list[subprocess.Popen] = []
+    done = sum((root / "runs" / f"{lab}-s{s}" / "done.json").exists() for lab, s in todo)
+    print(f"[compare] {len(todo)} runs, {done} already done, {args.parallel} at a time", flush=True)
+    while todo or running:
+        while todo and len(running) < args.parallel:
+            label, seed = todo.pop(0)
+            proc = launch(label, seed, args, root)
+            if proc is not None:
+                running.append(proc)
+                print(f"[compare] started {label} seed {seed}", flush=True)
+        time.sleep(2)
+        for proc in list(running):
+            if proc.poll() is None:
+                continue
+            running.remove(proc)
+            took = time.time() - proc.t0
+            if proc.returncode != 0:
+                raise SystemExit(f"[compare] {proc.label} seed {proc.seed} failed (exit {proc.returncode}); "
+                                 f"see {proc.run_dir / 'log.txt'}; re-run the same command to resume")
+            (proc.run_dir / "done.json").write_text(json.dumps({"seconds": round(took, 1)}))
+            done += 1
+            print(f"[compare] finished {proc.label} seed {proc.seed} in {took / 60:.1f} min "
+                  f"({done}/{done + len(todo) + len(running)})", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ reporting
+def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb" / "version_0"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def last_k_mean(series: list[tuple[int, float]], k: int) -> float:
+    vals = [v for step, v in sorted(series) if step > 0][-k:]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+def mean_std(xs: list[float]) -> tuple[float, float]:
+    xs = [x for x in xs if not math.isnan(x)]
+    if not xs:
+        return float("nan"), float("nan")
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return m, sd
+
+
+def report(args, root: Path) -> None:
+    data = {}
+    for label in args.regimes:
+        for seed in args.seeds:
+            run_dir = root / "runs" / f"{label}-s{seed}"
+            if (run_dir / "done.json").exists():
+                data[(label, seed)] = scalars(run_dir)
+    if not data:
+        raise SystemExit("[compare] no finished runs to report")
+    policies = sorted({t.split("/")[0] for s in data.values() for t in s if t.endswith("/val/pass@1")})
+    skills = sorted({t.rsplit("/", 1)[1] for s in data.values() for t in s if "/val/pass@1/" in t})
+    metrics = ["pass@1"] + [f"pass@1/{sk}" for sk in skills]
+    summary: dict = {}
+    for label in args.regimes:
+        for p in policies:
+            for m in metrics:
+                vals = [last_k_mean(data[(label, s)].get(f"{p}/val/{m}", []), args.last_k)
+                        for s in args.seeds if (label, s) in data]
+                start = [last_k_mean([(1, v) for st, v in data[(label, s)].get(f"{p}/val/{m}", []) if st == 0], 1)
+                         for s in args.seeds if (label, s) in data]
+                summary.setdefault(label, {}).setdefault(p, {})[m] = {"values": vals, "start": mean_std(start)[0]}
+    write_table(args, root, summary, policies, metrics)
+    write_diagnostics(args, root, data, policies)
+    plots(args, root, data, policies)
+    (root / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"[compare] wrote {root / 'table.md'}", flush=True)
+
+
+def _beyond_spread(a: list[float], b: list[float]) -> str:
+    """'yes' iff |mean(a) - mean(b)| > 2 standard errors of the difference (Welch), over seeds."""
+    (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
+    if len(a) < 2 or len(b) < 2 or math.isnan(ma) or math.isnan(mb):
+        return "n/a (1 seed)"
+    se = math.sqrt(sa**2 / len(a) + sb**2 / len(b))
+    return "yes" if abs(ma - mb) > 2 * se else "no"
+
+
+def write_table(args, root: Path, summary, policies, metrics) -> None:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    lines = [
+        f"# Regime comparison: {args.name}", "",
+        f"Commit `{commit}`; command: `python scripts/compare_regimes.py {' '.join(sys.argv[1:])}`.", "",
+        f"Held-out pass@1 (k = {args.k} samples at T = 0.6, top-p 0.95; {args.val_per_skill} prompts per skill), "
+        f"the mean of the last {args.last_k} evaluations of each run, then mean ± std over seeds "
+        f"{list(args.seeds)}; {args.steps} steps, 16 prompts x 8 rollouts per policy and step. "
+        "'beyond spread' = |Δ| > 2 standard errors of the difference over seeds (Welch).", "",
+    ]
+    for p in policies:
+        lines += [f"## {p}", "", "| regime | " + " | ".join(metrics) + " | Δ pass@1 vs GRPO | beyond spread |",
+                  "|---|" + "---|" * (len(metrics) + 2)]
+        base = summary.get("grpo", {}).get(p, {}).get("pass@1", {}).get("values", [])
+        start = summary.get("grpo", {}).get(p, {}).get("pass@1", {}).get("start", float("nan"))
+        for label in args.regimes:
+            row = summary.get(label, {}).get(p)
+            if not row:
+                continue
+            cells = []
+            for m in metrics:
+                mu, sd = mean_std(row[m]["values"])
+                cells.append(f"{100 * mu:.1f} ± {100 * sd:.1f}")
+            mu, _ = mean_std(row["pass@1"]["values"])
+            bmu, _ = mean_std(base)
+            delta = f"{100 * (mu - bmu):+.1f}" if label != "grpo" and base else "—"
+            spread = _beyond_spread(row["pass@1"]["values"], base) if label != "grpo" and base else "—"
+            lines.append(f"| {label} | " + " | ".join(cells) + f" | {delta} | {spread} |")
+        lines += ["", f"(pass@1 at step 0, before RL: {100 * start:.1f})", ""]
+    (root / "table.md").write_text("\n".join(lines))
+
+
+DIAG = ["all_fail_frac", "rescued", "gate_rate", "admitted_frac", "transferred_responses", "peer/clip_frac_low",
+        "peer/clip_frac_high", "self/clip_frac_low", "self/clip_frac_high", "nll", "entropy", "approx_kl"]
+
+
+def write_diagnostics(args, root: Path, data, policies) -> None:
+    lines = ["# Diagnostics (mean over all training steps and seeds)", "",
+             "| regime | policy | " + " | ".join(DIAG) + " |", "|---|---|" + "---|" * len(DIAG)]
+    for label in args.regimes:
+        for p in policies:
+            cells = []
+            for d in DIAG:
+                vals = [v for s in args.seeds if (label, s) in data for _, v in data[(label, s)].get(f"{p}/{d}", [])]
+                cells.append(f"{sum(vals) / len(vals):.3g}" if vals else "")
+            lines.append(f"| {label} | {p} | " + " | ".join(cells) + " |")
+    (root / "diagnostics.md").write_text("\n".join(lines) + "\n")
+
+
+def _curve(data, label, seeds, tag):
+    by_step: dict[int, list[float]] = {}
+    for s in seeds:
+        for step, v in data.get((label, s), {}).get(tag, []):
+            by_step.setdefault(step, []).append(v)
+    steps = sorted(by_step)
+    return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
+
+
+def _smooth(ys: list[float], w: int = 20) -> list[float]:
+    return [sum(ys[max(0, i - w + 1) : i + 1]) / len(ys[max(0, i - w + 1) : i + 1]) for i in range(len(ys))]
+
+
+def plots(args, root: Path, data, policies) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(policies), figsize=(6 * len(policies), 4), squeeze=False)
+    for ax, p in zip(axes[0], policies):
+        for label in args.regimes:
+            steps, ys = _curve(data, label, args.seeds, f"{p}/val/pass@1")
+            ax.plot(steps, [100 * y for y in ys], marker="o", label=label)
+        ax.set(title=f"{p}: held-out pass@1 (mean over seeds)", xlabel="step", ylabel="pass@1 (%)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(root / "pass_at_1.png", dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(2, len(policies), figsize=(6 * len(policies), 7), squeeze=False)
+    for j, p in enumerate(policies):
+        for i, (tag, name) in enumerate((("entropy", "entropy"), ("approx_kl", "approx KL to old policy"))):
+            for label in args.regimes:
+                steps, ys = _curve(data, label, args.seeds, f"{p}/{tag}")
+                axes[i][j].plot(steps, _smooth(ys), label=label)
+            axes[i][j].set(title=f"{p}: {name} (smoothed)", xlabel="step")
+            axes[i][j].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(root / "entropy_kl.png", dpi=110)
+    plt.close(fig)
+
+    flows = sorted({t.split("/")[1] for s in data.values() for t in s
+                    if t.startswith("exchange/") and t.endswith("/consumed") and "->" in t})
+    fig, axes = plt.subplots(1, max(1, len(flows)), figsize=(6 * max(1, len(flows)), 4), squeeze=False)
+    for ax, flow in zip(axes[0], flows):
+        for label in args.regimes:
+            steps, ys = _curve(data, label, args.seeds, f"exchange/{flow}/consumed")
+            if steps:
+                cum, total = [], 0.0
+                for y in ys:
+                    total += y
+                    cum.append(total)
+                ax.plot(steps, cum, label=label)
+        ax.set(title=f"{flow}: peer responses consumed (cumulative)", xlabel="step")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(root / "transfers.png", dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--name", default="embedded")
+    ap.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--val-every", type=int, default=100)
+    ap.add_argument("--val-per-skill", type=int, default=400)
+    ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--last-k", type=int, default=2, help="average the last K evaluations of each run")
+    ap.add_argument("--ckpt-every", type=int, default=50)
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--results", default=str(ROOT / "results"))
+    ap.add_argument("--smoke", action="store_true", help="2 steps, 1 seed, tiny warm-up and evaluation")
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.steps, args.val_every, args.val_per_skill, args.k, args.ckpt_every = 2, 1, 8, 2, 1
+        args.seeds = args.seeds[:1]
+    root = Path(args.results) / args.name
+    root.mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        run_all(args, root)
+    report(args, root)
+
+
+if __name__ == "__main__":
+    main()
