@@ -1,0 +1,97 @@
+"""MutualFSDPStrategy on CPU: it constructs, parses from YAML-like init args, and its wrap policy selects every
+policy's decoder layers (and each policy's whole model) of the tiny GPT-2 and Llama presets. No distributed run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from mutual_rl.policies.policy import build_policy
+from mutual_rl.strategies import MutualFSDPStrategy, clip_grad_norm_, decoder_layer_names, full_params
+from tests.trainer.helpers import pair
+
+
+@pytest.fixture(scope="module")
+def policies():
+    root = nn.ModuleDict()
+    for spec in pair(lora=False):
+        root[spec.name] = build_policy(spec)
+    return root
+
+
+def _selected(strategy, root):
+    policy = strategy.auto_wrap_policy(root)
+    chosen = policy._run_policy(root, set(), {})
+    return {name for name, m in root.named_modules() if m in chosen}
+
+
+def test_constructs_with_options():
+    s = MutualFSDPStrategy(decoder_layers=["GPT2Block"], mixed_precision="bf16", activation_checkpointing=True)
+    assert s.kwargs["use_orig_params"] is True
+    assert s.mixed_precision.param_dtype == torch.bfloat16 and s.mixed_precision.reduce_dtype == torch.bfloat16
+    assert MutualFSDPStrategy().mixed_precision is None
+
+
+@pytest.mark.parametrize("kw, match", [(dict(mixed_precision="int8"), "mixed_precision"),
+                                      (dict(use_orig_params=False), "use_orig_params")])
+def test_rejects_bad_options(kw, match):
+    with pytest.raises(ValueError, match=match):
+        MutualFSDPStrategy(**kw)
+
+
+def test_discovers_decoder_layers_of_both_policies(policies):
+    assert decoder_layer_names(policies) >= {"GPT2Block", "LlamaDecoderLayer"}
+
+
+@pytest.mark.parametrize("layers", [None, ["GPT2Block", "LlamaDecoderLayer"]])
+def test_wrap_policy_selects_layers_and_models(policies, layers):
+    chosen = _selected(MutualFSDPStrategy(decoder_layers=layers), policies)
+    expected = {f"gpt2.model.transformer.h.{i}" for i in range(4)} | {f"llama.model.model.layers.{i}" for i in range(4)}
+    expected |= {"gpt2.model", "llama.model"}
+    assert chosen == expected
+
+
+def test_wrap_policy_without_models_selects_layers_only(policies):
+    chosen = _selected(MutualFSDPStrategy(wrap_models=False), policies)
+    assert chosen == {f"gpt2.model.transformer.h.{i}" for i in range(4)} | {
+        f"llama.model.model.layers.{i}" for i in range(4)}
+
+
+def test_checkpoint_classes_are_the_decoder_layers(policies):
+    wrap, ckpt = MutualFSDPStrategy(activation_checkpointing=True).wrap_classes(policies)
+    assert {c.__name__ for c in ckpt} == {"GPT2Block", "LlamaDecoderLayer"}
+    assert {c.__name__ for c in wrap} == {"GPT2Block", "LlamaDecoderLayer", "GPT2LMHeadModel", "LlamaForCausalLM"}
+
+
+def test_unknown_layer_name_is_a_clear_error(policies):
+    with pytest.raises(ValueError, match="Qwen3DecoderLayer"):
+        MutualFSDPStrategy(decoder_layers=["Qwen3DecoderLayer"]).wrap_classes(policies)
+
+
+def test_lora_model_is_wrapped_once():
+    root = nn.ModuleDict({"g": build_policy(pair(lora=True)[0])})
+    chosen = _selected(MutualFSDPStrategy(), root)
+    assert sum(1 for n in chosen if n.count(".") <= 1) == 1  # the peft model itself
+    assert len(chosen) == 5
+
+
+def test_clip_and_full_params_without_distributed():
+    lin = nn.Linear(3, 2)
+    lin(torch.ones(1, 3)).sum().mul(100).backward()
+    ref = torch.nn.utils.get_total_norm([p.grad for p in lin.parameters()])
+    assert float(clip_grad_norm_(list(lin.parameters()), 1.0)) == pytest.approx(float(ref))
+    assert float(torch.nn.utils.get_total_norm([p.grad for p in lin.parameters()])) == pytest.approx(1.0, rel=1e-5)
+    with full_params(lin) as m:
+        assert m is lin
+
+
+def test_parses_from_cli(tmp_path):
+    from mutual_rl.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", "--model.policies", '[{"name": "a", "model": "tiny:gpt2-bpe"}]',
+              "--trainer.strategy", "mutual_rl.strategies.MutualFSDPStrategy",
+              "--trainer.strategy.decoder_layers", '["GPT2Block"]', "--trainer.strategy.mixed_precision", "bf16",
+              "--print_config"])
+    assert exc.value.code == 0
