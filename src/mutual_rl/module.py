@@ -27,6 +27,7 @@ from mutual_rl.policies.update import GRPOConfig, update_policy
 from mutual_rl.regimes import get_regime
 from mutual_rl.rewards import get_reward
 from mutual_rl.rollout import get_engine
+from mutual_rl.strategies import full_params
 from mutual_rl.types import PromptBatch, ScoredGroup
 
 
@@ -174,7 +175,8 @@ class MutualRLModule(LightningModule):
                 step_optimizer=lambda o=opt: self.trainer.strategy.optimizer_step(o.optimizer, lambda: None, self),
                 zero_grad=lambda o=opt: o.zero_grad(set_to_none=True),
             )
-            m["train_tokens_per_s"] = m["trained_tokens"] / max(time.perf_counter() - t0, 1e-9)
+            m["train_s"] = time.perf_counter() - t0
+            m["train_tokens_per_s"] = m["trained_tokens"] / max(m["train_s"], 1e-9)
             sync = getattr(self.engine, "sync_weights", None)
             if sync is not None:  # engines that hold their own copy of the weights (vLLM): push the update
                 m.update(sync(policy) or {})
@@ -208,6 +210,7 @@ class MutualRLModule(LightningModule):
         groups, m = score_groups(spec.name, batch.problems, per_prompt, self.reward_fn, eps=a.eps, scale=a.scale,
                                  success_threshold=a.success_threshold)
         m["gen_tokens_per_s"] = m["response_length"] * sum(len(r) for r in per_prompt) / max(gen_s, 1e-9)
+        m["gen_s"] = gen_s
         return groups, m
 
     def _advance_step_counter(self) -> None:
@@ -298,9 +301,9 @@ class MutualRLModule(LightningModule):
         self.initial_eval = results
 
     def on_fit_end(self) -> None:
-        if not self.trainer.is_global_zero:
-            return
         root = Path(self.export_dir) if self.export_dir else Path(self.trainer.log_dir or ".") / "export"
         for name, policy in self.policies.items():
-            policy.export(root / name)
+            with full_params(policy.model):  # under FSDP every rank gathers; rank 0 writes
+                if self.trainer.is_global_zero:
+                    policy.export(root / name)
         self.print(f"Exported {len(self.policies)} policies (Hugging Face format) to {root}")

@@ -24,6 +24,7 @@ import torch
 from mutual_rl.algorithms import masked_mean, zero_advantage_skip_mask
 from mutual_rl.policies.objectives import get_objective
 from mutual_rl.regimes.base import NLLTerm, TrainingPlan
+from mutual_rl.strategies import clip_grad_norm_
 from mutual_rl.types import PolicyBatch
 
 
@@ -159,7 +160,7 @@ def update_policy(
             for p in params:  # a skipped mini-batch still steps, with zero gradients
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-            norm = torch.nn.utils.clip_grad_norm_(params, policy.spec.optimizer.grad_clip or float("inf"))
+            norm = clip_grad_norm_(params, policy.spec.optimizer.grad_clip or float("inf"))  # FSDP-aware
             steps_metrics["grad_norm"] += float(norm)
             step_optimizer()
             policy.version += 1
