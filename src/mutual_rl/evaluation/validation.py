@@ -1,9 +1,23 @@
 """Held-out evaluation during fit and in ``mutual-rl validate``.
 
-Each policy samples ``k`` responses per problem (papers' protocol: temperature 0.6, top-p 0.95, k = 8); pass@1 is
-the mean over the k samples, then over problems; reported overall and per skill, with unbiased pass@k. Sampling
-runs under its own seed and the training RNG state is restored afterwards, so evaluating changes nothing in
-training (a resumed run and an uninterrupted one draw the same rollouts).
+Per policy and problem: ``k`` sampled responses (papers' protocol: temperature 0.6, top-p 0.95, k = 8) scored by
+the run's reward (correct iff reward > 0), plus, with ``greedy``, one greedy response. Metrics per policy, overall
+and per skill (``<metric>/<skill>``, skill ``""`` shown as ``other``; only when problems carry skills):
+
+* ``pass@1``: mean over the k samples, then over problems; ``pass@k``: unbiased ``1 - C(n-c, k)/C(n, k)``;
+* ``maj@k``: majority vote over the answers extracted with the reward's own rule
+  (:mod:`mutual_rl.evaluation.answers`; ties share credit, no-answer samples do not vote);
+* ``greedy``: accuracy of the greedy response (:mod:`mutual_rl.evaluation.greedy`);
+* ``num_problems``.
+
+Across policies (:meth:`Evaluator.complementarity`, after :meth:`Evaluator.finish`): for every ordered pair
+(A, B), the share of A's all-fail problems (no correct sample of k) that B solves (GRAFT Fig. 1), on the problems
+both were evaluated on; see :mod:`mutual_rl.evaluation.complementarity` for the keys.
+
+Accumulation uses torchmetrics states reduced by sum, so under a distributed strategy each rank evaluates its
+shard and ``finish()`` returns the metrics over all problems of all ranks (every rank must call ``finish()``).
+Sampling runs under its own seed and the training RNG state is restored afterwards, so evaluating changes nothing
+in training (a resumed run and an uninterrupted one draw the same rollouts); greedy decoding draws nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +28,16 @@ from dataclasses import dataclass
 
 import torch
 
-from mutual_rl.evaluation.metrics import mean_pass_at_k
+from mutual_rl.evaluation.answers import answer_extractor
+from mutual_rl.evaluation.complementarity import complementarity_table
+from mutual_rl.evaluation.greedy import greedy_generate
+from mutual_rl.evaluation.metrics import (
+    ComplementarityCounts,
+    PassAtK,
+    ProblemCount,
+    ProblemMean,
+    majority_correct,
+)
 from mutual_rl.policies.spec import SamplingSpec
 
 
@@ -30,45 +53,145 @@ class EvalConfig:
     """Default: each policy's own ``sampling.max_new_tokens``."""
     seed: int = 1234
     """Seed of evaluation sampling (independent of training)."""
+    greedy: bool = True
+    """Also decode one greedy response per problem and report greedy accuracy (``greedy``)."""
+    greedy_batch_size: int = 64
+    """Problems per greedy ``generate`` call."""
 
     def __post_init__(self):
         if self.k < 1:
             raise ValueError(f"evaluation.k must be >= 1 (got {self.k}).")
+        if self.greedy_batch_size < 1:
+            raise ValueError(f"evaluation.greedy_batch_size must be >= 1 (got {self.greedy_batch_size}).")
+
+
+@dataclass(frozen=True)
+class ProblemResult:
+    """One policy's outcome on one problem: ``c`` correct of ``n`` samples, maj@k score, greedy verdict."""
+
+    prompt_id: int
+    skill: str
+    n: int
+    c: int
+    maj: float
+    greedy: float | None
 
 
 class Evaluator:
-    def __init__(self, cfg: EvalConfig, reward_fn, engine):
+    """``start(seed)``, then ``add(policy, problems)`` per batch and policy, then ``finish()`` (module docstring).
+
+    Args:
+        cfg: the protocol.
+        reward_fn: ``fn(completion, answer) -> float``; a sample is correct iff its reward is > 0.
+        engine: rollout engine (``generate(policy, problems, sampling, step=...)``).
+        extract_answer: answer extraction for maj@k (default: the reward's own, by its name; see ``answers``).
+    """
+
+    def __init__(self, cfg: EvalConfig, reward_fn, engine, extract_answer=None):
         self.cfg, self.reward_fn, self.engine = cfg, reward_fn, engine
-        self._counts: dict[str, dict[str, list[tuple[int, int]]]] = {}
+        self.extract_answer = extract_answer or answer_extractor(reward_fn)
+        self._results: dict[str, list[ProblemResult]] = defaultdict(list)
+        self._devices: dict[str, torch.device] = {}
+        self._complementarity: dict[str, float] = {}
         self._saved = None
 
     def start(self, seed: int) -> None:
         self._saved = (torch.get_rng_state(), random.getstate())
         torch.manual_seed(seed)
         random.seed(seed)
-        self._counts = defaultdict(lambda: defaultdict(list))
+        self._results = defaultdict(list)
+        self._devices = {}
+        self._complementarity = {}
 
     def add(self, policy, problems) -> None:
         s = policy.spec.sampling
+        max_new = self.cfg.max_new_tokens or s.max_new_tokens
         sampling = SamplingSpec(n=self.cfg.k, temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=0,
-                                max_new_tokens=self.cfg.max_new_tokens or s.max_new_tokens)
+                                max_new_tokens=max_new)
         groups = self.engine.generate(policy, problems, sampling, step=-1)
-        for problem, rollouts in zip(problems, groups):
-            c = sum(self.reward_fn(r.response_text, problem.answer) > 0 for r in rollouts)
-            self._counts[policy.name][problem.skill].append((len(rollouts), int(c)))
+        greedy = (greedy_generate(policy, problems, max_new, self.cfg.greedy_batch_size)
+                  if self.cfg.greedy else [None] * len(problems))
+        self._devices[policy.name] = policy.device
+        for problem, rollouts, g in zip(problems, groups, greedy):
+            texts = [r.response_text for r in rollouts]
+            correct = [self.reward_fn(t, problem.answer) > 0 for t in texts]
+            maj = majority_correct([self.extract_answer(t) for t in texts], correct)
+            g_ok = None if g is None else float(self.reward_fn(g, problem.answer) > 0)
+            self._results[policy.name].append(
+                ProblemResult(problem.prompt_id, problem.skill, len(rollouts), sum(correct), maj, g_ok))
 
     def finish(self) -> dict[str, dict[str, float]]:
+        """``{policy: {metric: value}}`` over all problems added since ``start`` (all ranks)."""
         if self._saved is not None:
             torch.set_rng_state(self._saved[0])
             random.setstate(self._saved[1])
             self._saved = None
+        local_skills = {name: sorted({r.skill for r in rs}) for name, rs in self._results.items()}
+        skills = _union(local_skills)  # same keys on every rank, so every rank reduces the same metrics
         out: dict[str, dict[str, float]] = {}
-        for name, by_skill in self._counts.items():
-            everything = [x for xs in by_skill.values() for x in xs]
-            m = {"pass@1": mean_pass_at_k(everything, 1), f"pass@{self.cfg.k}": mean_pass_at_k(everything, self.cfg.k),
-                 "num_problems": float(len(everything))}
-            if len(by_skill) > 1 or "" not in by_skill:
-                for skill, xs in by_skill.items():
-                    m[f"pass@1/{skill or 'other'}"] = mean_pass_at_k(xs, 1)
+        for name in sorted(skills):
+            rows = self._results.get(name, [])
+            device = self._devices.get(name, _default_device())
+            m: dict[str, float] = {}
+            for skill in [None, *(skills[name] if skills[name] != [""] else [])]:
+                sel = [r for r in rows if skill is None or r.skill == skill]
+                suffix = "" if skill is None else f"/{skill or 'other'}"
+                m.update({f"{key}{suffix}": v for key, v in self._reduce(sel, device).items()})
             out[name] = m
+        self._complementarity = self._reduce_complementarity(sorted(skills))
         return out
+
+    def complementarity(self) -> dict[str, float]:
+        """Flat ``complementarity/<A>-><B>`` (+ ``/all_fail``, ``/solved``) of the last ``finish()``; empty for
+        fewer than two policies."""
+        return dict(self._complementarity)
+
+    # ------------------------------------------------------------------------------------------ internals
+    def _reduce(self, rows: list[ProblemResult], device) -> dict[str, float]:
+        k = self.cfg.k
+        n = torch.tensor([r.n for r in rows], dtype=torch.long)
+        c = torch.tensor([r.c for r in rows], dtype=torch.long)
+        metrics = {"pass@1": PassAtK(1), f"pass@{k}": PassAtK(k), f"maj@{k}": ProblemMean(),
+                   "num_problems": ProblemCount()}
+        if self.cfg.greedy:
+            metrics["greedy"] = ProblemMean()
+        metrics = {key: mt.to(device) for key, mt in metrics.items()}
+        metrics["pass@1"].update(n, c)
+        metrics[f"pass@{k}"].update(n, c)
+        metrics[f"maj@{k}"].update(torch.tensor([r.maj for r in rows], dtype=torch.float64))
+        if self.cfg.greedy:
+            metrics["greedy"].update(torch.tensor([r.greedy for r in rows if r.greedy is not None],
+                                                  dtype=torch.float64))
+        metrics["num_problems"].update(torch.ones(len(rows), dtype=torch.float64))
+        return {key: float(mt.compute()) for key, mt in metrics.items()}
+
+    def _reduce_complementarity(self, names: list[str]) -> dict[str, float]:
+        if len(names) < 2:
+            return {}
+        by_policy = {name: {r.prompt_id: r.c for r in self._results.get(name, [])} for name in names}
+        common = sorted(set.intersection(*(set(v) for v in by_policy.values())))
+        table = torch.tensor([[by_policy[n][i] for n in names] for i in common], dtype=torch.long)
+        metric = ComplementarityCounts(len(names)).to(self._devices.get(names[0], _default_device()))
+        metric.update(table.reshape(-1, len(names)))
+        all_fail, solved = metric.compute()
+        return complementarity_table(names, all_fail.cpu(), solved.cpu())
+
+
+def _default_device() -> torch.device:
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _union(local: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Union over ranks of ``{policy: skills}`` (identity without a process group)."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return local
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    merged: dict[str, set[str]] = defaultdict(set)
+    for part in gathered:
+        for name, skills in part.items():
+            merged[name].update(skills)
+    return {name: sorted(s) for name, s in merged.items()}

@@ -1,0 +1,54 @@
+"""Greedy decoding for greedy accuracy: one ``generate(do_sample=False)`` completion per problem.
+
+``SamplingSpec`` describes sampled rollouts (a tiny temperature is still sampling, and ties and top-p make it
+differ from argmax), so greedy accuracy decodes here with the policy's own model and tokenizer: prompts rendered
+and encoded as the rollout engine does (``policy.render_prompt`` / ``policy.encode_prompt``), left-padded, batched,
+``do_sample=False`` with one beam, stopped at EOS or ``max_new_tokens``. The completion text is decoded as the
+engine decodes rollouts (special tokens skipped, terminal EOS removed, no clean-up of spaces), so rewards see the
+same kind of text. Consumes no random numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import GenerationConfig
+
+from mutual_rl.data.task import Problem
+
+
+@torch.no_grad()
+def greedy_generate(policy, problems: Sequence[Problem], max_new_tokens: int, batch_size: int = 64) -> list[str]:
+    """Greedy completion text of ``policy`` for each problem (module docstring)."""
+    tok = policy.tokenizer
+    prompt_ids = [policy.encode_prompt(policy.render_prompt(p.problem)) for p in problems]
+    cfg = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
+                           pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    model = policy.model
+    was_training = model.training
+    model.eval()
+    out: list[str] = []
+    try:
+        for start in range(0, len(prompt_ids), batch_size):
+            chunk = prompt_ids[start : start + batch_size]
+            width = max(len(p) for p in chunk)
+            ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
+            attn = torch.zeros_like(ids)
+            for r, p in enumerate(chunk):  # left padding
+                ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
+                attn[r, width - len(p):] = 1
+            seq = model.generate(input_ids=ids.to(policy.device), attention_mask=attn.to(policy.device),
+                                 generation_config=cfg)[:, width:].cpu()
+            out.extend(decode_completion(tok, row) for row in seq)
+    finally:
+        model.train(was_training)
+    return out
+
+
+def decode_completion(tokenizer, ids: torch.Tensor) -> str:
+    """Text of generated ids up to (excluding) the first EOS, decoded as rollouts are."""
+    ids = ids.tolist()
+    if tokenizer.eos_token_id in ids:
+        ids = ids[: ids.index(tokenizer.eos_token_id)]
+    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
