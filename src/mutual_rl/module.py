@@ -251,11 +251,16 @@ class MutualRLModule(LightningModule):
     def on_validation_epoch_end(self) -> None:
         results = self.evaluator.finish()
         flat = {f"{p}/val/{k}": v for p, ms in results.items() for k, v in ms.items()}
+        flat.update(self._complementarity())
         if flat:
             self.log_dict(flat, on_epoch=True)
             mean = sum(ms["pass@1"] for ms in results.values()) / len(results)
             self.log("val_pass@1", mean, prog_bar=True, on_epoch=True)
         self.last_eval = results
+
+    def _complementarity(self) -> dict[str, float]:
+        """Share of A's all-fail held-out prompts that B solves, per ordered pair (NaN-free for logging)."""
+        return {k: v for k, v in self.evaluator.complementarity().items() if v == v}
 
     # --------------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -294,6 +299,7 @@ class MutualRLModule(LightningModule):
                 self.evaluator.add(self.policies[spec.name], problems[start : start + dm.val_batch_size])
         results = self.evaluator.finish()
         flat = {f"{p}/val/{k}": v for p, ms in results.items() for k, v in ms.items()}
+        flat.update(self._complementarity())
         if results:
             flat["val_pass@1"] = sum(ms["pass@1"] for ms in results.values()) / len(results)
         for logger in self.loggers:

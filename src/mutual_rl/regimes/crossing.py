@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
-from mutual_rl.thl import align_traces, encode_with_offsets
+from mutual_rl.thl import align_traces
+from mutual_rl.thl.offsets import encode_batch_with_offsets
 from mutual_rl.types import CrossedRollout, Rollout
 
 
@@ -30,7 +31,7 @@ def cross_rollouts(
         if r.prompt_id not in prompt_ids:
             raise KeyError(f"receiver {receiver.name!r} has no prompt ids for prompt {r.prompt_id} "
                            f"(peer {r.policy_id!r}); peers must answer the receiver's prompts")
-        ids, offsets = encode_with_offsets(tok, r.response_text)
+    for r, (ids, offsets) in zip(rollouts, encode_batch_with_offsets(tok, [r.response_text for r in rollouts])):
         if r.finish_reason == "eos":
             ids = ids + [int(tok.eos_token_id)]
             offsets = offsets + [(len(r.response_text), len(r.response_text))]
