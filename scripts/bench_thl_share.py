@@ -49,7 +49,7 @@ WRAP = [
     ("mutual_rl.regimes.sgt", "cross_rollouts", "cross_rollouts"),
     ("mutual_rl.regimes.graft", "cross_rollouts", "cross_rollouts"),
     ("mutual_rl.regimes.hacpo", "cross_rollouts", "cross_rollouts"),
-    ("mutual_rl.regimes.crossing", "encode_with_offsets", "  encode_with_offsets"),
+    ("mutual_rl.regimes.crossing", "encode_batch_with_offsets", "  encode_batch_with_offsets"),
     ("mutual_rl.regimes.crossing", "align_traces", "  align_traces"),
     ("mutual_rl.rollout.hf", "offsets_by_decoding", "offsets_by_decoding"),
 ]

@@ -60,8 +60,9 @@ def offsets_by_decoding(tokenizer: Any, ids: list[int], text: str) -> Offsets:
         raise ValueError(f"tokenizer {tokenizer_name(tokenizer)} gives no character offsets and its decode "
                          f"does not reproduce the text exactly, so offsets cannot be recovered")
     backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
-    if backend is not None:  # one Rust call for all prefixes (same text as ``decode`` without clean-up)
-        prefixes = backend.decode_batch([ids[: i + 1] for i in range(len(ids))], skip_special_tokens=True)
+    if backend is not None:  # the Rust decoder directly (same text as ``decode`` without clean-up, ~10x faster;
+        # ``decode_batch`` is slower still for short responses: it dispatches to a thread pool)
+        prefixes = [backend.decode(ids[: i + 1], skip_special_tokens=True) for i in range(len(ids))]
     else:
         prefixes = [dec(ids[: i + 1]) for i in range(len(ids))]
     spans: Offsets = []
