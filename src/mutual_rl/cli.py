@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
-
 from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch.cli import LightningCLI
 
 from mutual_rl.data.datamodule import PromptDataModule
 from mutual_rl.module import MutualRLModule
-
-# Lightning warnings that do not apply here: the data module resumes its stream itself (mark_consumed /
-# state_dict), prompts are text (no device transfer), and the prompt stream is read by one process.
-for _msg in (
-    r".*resuming from a checkpoint that ended before the epoch ended.*",
-    r".*overridden `transfer_batch_to_device` in `LightningModule`.*",
-    r".*Your `IterableDataset` has `__len__` defined.*",
-    r".*Using ModelCheckpoint with manual optimization.*",
-):
-    warnings.filterwarnings("ignore", message=_msg)
 
 # Attribute docstrings of the config dataclasses become --help text.
 set_parsing_settings(docstring_parse_attribute_docstrings=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -29,6 +30,16 @@ from mutual_rl.rewards import get_reward
 from mutual_rl.rollout import get_engine
 from mutual_rl.strategies import full_params
 from mutual_rl.types import PromptBatch, ScoredGroup
+
+# Lightning warnings that do not apply here: the data module resumes its stream itself (mark_consumed /
+# state_dict), prompts are text (no device transfer), and the prompt stream is read by one process.
+for _msg in (
+    r".*resuming from a checkpoint that ended before the epoch ended.*",
+    r".*overridden `transfer_batch_to_device` in `LightningModule`.*",
+    r".*Your `IterableDataset` has `__len__` defined.*",
+    r".*Using ModelCheckpoint with manual optimization.*",
+):
+    warnings.filterwarnings("ignore", message=_msg)
 
 
 class MutualRLModule(LightningModule):
