@@ -156,6 +156,8 @@ def report(args, root: Path) -> None:
                 data[(label, seed)] = scalars(run_dir)
     if not data:
         raise SystemExit("[compare] no finished runs to report")
+    DATA.clear()
+    DATA.update(data)
     policies = sorted({t.split("/")[0] for s in data.values() for t in s if t.endswith("/val/pass@1")})
     skills = sorted({t.rsplit("/", 1)[1] for s in data.values() for t in s if "/val/pass@1/" in t})
     metrics = ["pass@1"] + [f"pass@1/{sk}" for sk in skills]
@@ -173,6 +175,9 @@ def report(args, root: Path) -> None:
     plots(args, root, data, policies)
     (root / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"[compare] wrote {root / 'table.md'}", flush=True)
+
+
+DATA: dict = {}  # (label, seed) -> scalars, for the report writers
 
 
 def _beyond_spread(a: list[float], b: list[float]) -> str:
@@ -213,6 +218,14 @@ def write_table(args, root: Path, summary, policies, metrics) -> None:
             spread = _beyond_spread(row["pass@1"]["values"], base) if label != "grpo" and base else "—"
             lines.append(f"| {label} | " + " | ".join(cells) + f" | {delta} | {spread} |")
         lines += ["", f"(pass@1 at step 0, before RL: {100 * start:.1f})", ""]
+    comp = sorted({t for (lab, _), sc in DATA.items() for t in sc if t.startswith("complementarity/")
+                   and t.count("/") == 1})
+    if comp:
+        lines += ["## Complementarity (share of A's all-fail held-out prompts that B solves, at step 0)", ""]
+        for tag in comp:
+            vals = [v for (lab, _), sc in DATA.items() for st, v in sc.get(tag, []) if st == 0]
+            lines.append(f"- {tag.split('/', 1)[1]}: {100 * sum(vals) / len(vals):.1f} %")
+        lines.append("")
     (root / "table.md").write_text("\n".join(lines))
 
 
