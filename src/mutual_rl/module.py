@@ -260,18 +260,21 @@ class MutualRLModule(LightningModule):
             self.evaluator.add(self.policies[spec.name], batch.problems)
 
     def on_validation_epoch_end(self) -> None:
-        results = self.evaluator.finish()
-        flat = {f"{p}/val/{k}": v for p, ms in results.items() for k, v in ms.items()}
-        flat.update(self._complementarity())
+        flat = self._eval_metrics()
+        mean = flat.pop("val_pass@1", None)
         if flat:
             self.log_dict(flat, on_epoch=True)
-            mean = sum(ms["pass@1"] for ms in results.values()) / len(results)
+        if mean is not None:
             self.log("val_pass@1", mean, prog_bar=True, on_epoch=True)
-        self.last_eval = results
 
-    def _complementarity(self) -> dict[str, float]:
-        """Share of A's all-fail held-out prompts that B solves, per ordered pair (NaN-free for logging)."""
-        return {k: v for k, v in self.evaluator.complementarity().items() if v == v}
+    def _eval_metrics(self) -> dict[str, float]:
+        """Finish the evaluation: ``<policy>/val/<metric>``, complementarity (NaN-free) and ``val_pass@1``."""
+        results = self.evaluator.finish()
+        flat = {f"{p}/val/{k}": v for p, ms in results.items() for k, v in ms.items()}
+        flat.update({k: v for k, v in self.evaluator.complementarity().items() if v == v})
+        if results:
+            flat["val_pass@1"] = sum(ms["pass@1"] for ms in results.values()) / len(results)
+        return flat
 
     # --------------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -308,14 +311,9 @@ class MutualRLModule(LightningModule):
         for start in range(0, len(problems), dm.val_batch_size):
             for spec in self.specs:
                 self.evaluator.add(self.policies[spec.name], problems[start : start + dm.val_batch_size])
-        results = self.evaluator.finish()
-        flat = {f"{p}/val/{k}": v for p, ms in results.items() for k, v in ms.items()}
-        flat.update(self._complementarity())
-        if results:
-            flat["val_pass@1"] = sum(ms["pass@1"] for ms in results.values()) / len(results)
+        flat = self._eval_metrics()
         for logger in self.loggers:
             logger.log_metrics(flat, step=0)
-        self.initial_eval = results
 
     def on_fit_end(self) -> None:
         root = Path(self.export_dir) if self.export_dir else Path(self.trainer.log_dir or ".") / "export"

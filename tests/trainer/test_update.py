@@ -69,3 +69,21 @@ def test_recomputed_old_logp_matches_the_rollout_trace(policy_and_batch):
     with torch.no_grad():
         logp, _ = policy.response_logp(batch.input_ids, batch.attention_mask, batch.response_width, 1.0)
     torch.testing.assert_close(logp * batch.response_mask, batch.old_logp, rtol=0, atol=2e-5)
+
+
+def test_recompute_keeps_peer_traces_and_refreshes_own_rows(policy_and_batch):
+    """Under ``old_logp: recompute`` own rows get the trainer's log-probs; a peer row keeps the old log-probs its
+    regime set unless it is marked ``needs_old_logp``."""
+    policy, batch = policy_and_batch
+    b = batch.select(list(range(len(batch))))
+    b.advantages = torch.ones(len(b))  # nothing skipped
+    b.old_logp = torch.full_like(b.old_logp, -7.0) * b.response_mask
+    b.is_peer[:4] = True  # rows 0-1: peer with a trace set by the regime; rows 2-3: peer needing recompute
+    b.needs_old_logp[2:4] = True
+    plan = TrainingPlan(b, [list(range(len(b)))])
+    update_policy(policy, plan, GRPOConfig(old_logp="recompute"), backward=lambda loss: None,
+                  step_optimizer=lambda: None, zero_grad=lambda: None)
+    assert bool((b.old_logp[:2] == -7.0 * b.response_mask[:2]).all())
+    with torch.no_grad():
+        fresh, _ = policy.response_logp(b.input_ids, b.attention_mask, b.response_width, 1.0)
+    torch.testing.assert_close(b.old_logp[2:], fresh[2:] * b.response_mask[2:], rtol=0, atol=1e-5)

@@ -23,6 +23,7 @@ class Policy(nn.Module):
         self.spec = spec
         self.tokenizer = tokenizer
         self.version = 0
+        self.share_prompts = True  # one prompt forward per group in response_logp (see its docstring)
         if spec.lora is not None:
             model = _add_lora(model, spec)
         self.model = model
@@ -74,8 +75,6 @@ class Policy(nn.Module):
                 probs = torch.softmax(logits, dim=-1)
                 entropy = logz - (probs * logits).sum(-1)
         return logp, entropy
-
-    share_prompts = True
 
     def _response_logits(self, model, input_ids, attention_mask, width: int) -> torch.Tensor:
         """Logits predicting the last ``width`` tokens: [B, width, V]."""

@@ -103,15 +103,17 @@ def update_policy(
     """Run the update of ``plan``; returns metrics (token-weighted means of per-token ones).
 
     ``backward``, ``step_optimizer`` and ``zero_grad`` come from the trainer (Lightning's manual optimization).
-    Old log-probs are recomputed for every row when ``cfg.old_logp == "recompute"`` and, always, for rows the
-    regime marks ``needs_old_logp`` (peer responses evaluated under the receiver's own old policy).
+    Old log-probs are recomputed for the receiver's own rows when ``cfg.old_logp == "recompute"`` and, always,
+    for rows the regime marks ``needs_old_logp`` (peer responses evaluated under the receiver's own old policy).
+    Other peer rows keep the old log-probs their regime set (a THL-aligned peer trace, or the receiver's
+    log-probs the regime already computed): recomputing them would discard the trace or repeat the work.
     """
     batch, objective = plan.batch, get_objective(plan.objective)
     temperature = policy.spec.sampling.temperature
     params = [p for p in policy.parameters() if p.requires_grad]
     skip = zero_advantage_skip_mask(batch.advantages, cfg.kl_coef) if cfg.skip_zero_advantage \
         else torch.zeros(len(batch), dtype=torch.bool)
-    need = batch.needs_old_logp | (cfg.old_logp == "recompute")
+    need = batch.needs_old_logp | ((cfg.old_logp == "recompute") & ~batch.is_peer)
     recompute_old_logp(policy, batch, [i for i in range(len(batch)) if need[i] and not skip[i]], temperature,
                        cfg.micro_batch_size)
     sums: dict[str, float] = {}
