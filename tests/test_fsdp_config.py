@@ -1,5 +1,6 @@
-"""MutualFSDPStrategy on CPU: it constructs, parses from YAML-like init args, and its wrap policy selects every
-policy's decoder layers (and each policy's whole model) of the tiny GPT-2 and Llama presets. No distributed run."""
+"""MutualFSDPStrategy on CPU without a process group: it constructs, rejects bad options, parses from the CLI, and
+its wrap policy selects every decoder layer of the tiny GPT-2 and Llama presets (each policy's model is its own FSDP
+root). Real two-rank FSDP runs are in tests/distributed."""
 
 from __future__ import annotations
 
@@ -45,35 +46,38 @@ def test_discovers_decoder_layers_of_both_policies(policies):
 
 
 @pytest.mark.parametrize("layers", [None, ["GPT2Block", "LlamaDecoderLayer"]])
-def test_wrap_policy_selects_layers_and_models(policies, layers):
+def test_wrap_policy_selects_every_decoder_layer(policies, layers):
+    # inside each policy's own FSDP root (its model), one nested unit per decoder layer; nothing else
     chosen = _selected(MutualFSDPStrategy(decoder_layers=layers), policies)
-    expected = {f"gpt2.model.transformer.h.{i}" for i in range(4)} | {f"llama.model.model.layers.{i}" for i in range(4)}
-    expected |= {"gpt2.model", "llama.model"}
-    assert chosen == expected
-
-
-def test_wrap_policy_without_models_selects_layers_only(policies):
-    chosen = _selected(MutualFSDPStrategy(wrap_models=False), policies)
     assert chosen == {f"gpt2.model.transformer.h.{i}" for i in range(4)} | {
         f"llama.model.model.layers.{i}" for i in range(4)}
 
 
 def test_checkpoint_classes_are_the_decoder_layers(policies):
-    wrap, ckpt = MutualFSDPStrategy(activation_checkpointing=True).wrap_classes(policies)
-    assert {c.__name__ for c in ckpt} == {"GPT2Block", "LlamaDecoderLayer"}
-    assert {c.__name__ for c in wrap} == {"GPT2Block", "LlamaDecoderLayer", "GPT2LMHeadModel", "LlamaForCausalLM"}
+    layers = MutualFSDPStrategy(activation_checkpointing=True).layer_classes(policies)
+    assert {c.__name__ for c in layers} == {"GPT2Block", "LlamaDecoderLayer"}
 
 
 def test_unknown_layer_name_is_a_clear_error(policies):
     with pytest.raises(ValueError, match="Qwen3DecoderLayer"):
-        MutualFSDPStrategy(decoder_layers=["Qwen3DecoderLayer"]).wrap_classes(policies)
+        MutualFSDPStrategy(decoder_layers=["Qwen3DecoderLayer"]).layer_classes(policies)
 
 
-def test_lora_model_is_wrapped_once():
+def test_lora_model_layers_are_found():
     root = nn.ModuleDict({"g": build_policy(pair(lora=True)[0])})
     chosen = _selected(MutualFSDPStrategy(), root)
-    assert sum(1 for n in chosen if n.count(".") <= 1) == 1  # the peft model itself
-    assert len(chosen) == 5
+    assert len(chosen) == 4 and all(n.endswith(tuple(f"h.{i}" for i in range(4))) for n in chosen)
+
+
+@pytest.mark.parametrize("sharding", ["HYBRID_SHARD", "NO_SHARD"])
+def test_replicating_sharding_strategies_are_rejected(sharding):
+    with pytest.raises(ValueError, match="FULL_SHARD, SHARD_GRAD_OP"):
+        MutualFSDPStrategy(sharding_strategy=sharding)
+
+
+def test_only_a_module_with_policies_can_be_sharded():
+    with pytest.raises(ValueError, match="MutualRLModule"):
+        MutualFSDPStrategy()._setup_model(nn.Linear(2, 2))
 
 
 def test_clip_and_full_params_without_distributed():

@@ -19,6 +19,7 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import nn
 
+from mutual_rl.distributed import gather_objects, lockstep_needed, mean_over_ranks, rank_and_world, rank_part
 from mutual_rl.evaluation.validation import EvalConfig, Evaluator
 from mutual_rl.exchange import ExperienceExchange
 from mutual_rl.policies.policy import build_policy
@@ -103,6 +104,7 @@ class MutualRLModule(LightningModule):
         self.policies = nn.ModuleDict()
         self.engine = get_engine(rollout_engine, **(rollout_engine_args or {}))
         self._rng_to_restore = None
+        self._offset_rng_per_rank = False
 
     # ------------------------------------------------------------------------------------------ set-up
     def configure_model(self) -> None:
@@ -197,6 +199,7 @@ class MutualRLModule(LightningModule):
                 else:
                     metrics[f"{spec.name}/{k}"] = float(v)
         metrics.update(ex.end_step())
+        metrics = mean_over_ranks(metrics)  # several processes: every rank logs (and plans from) the same values
         self._advance_step_counter()
         dm = self._datamodule()
         if dm is not None and hasattr(dm, "mark_consumed"):
@@ -211,11 +214,14 @@ class MutualRLModule(LightningModule):
         """This step's scored groups of one policy and their metrics."""
         sampling = spec.sampling
         budget = self.budgets.get(spec.name)
-        if budget is not None:  # MWRA: rollouts per prompt and max new tokens for this step
+        if budget is not None:  # MWRA: rollouts per prompt, max new tokens and rollout placement for this step
             sampling = dataclasses.replace(sampling, n=budget.n, max_new_tokens=budget.max_new_tokens)
+            place = getattr(self.engine, "place", None)
+            if place is not None:
+                place(spec.name, budget.placement)
         t0 = time.perf_counter()
         per_prompt = self.engine.generate(self.policies[spec.name], batch.problems, sampling, step=step,
-                                          group_id_base=batch.index * len(batch.problems))
+                                          group_id_base=batch.offset)
         gen_s = time.perf_counter() - t0
         a = self.algorithm
         groups, m = score_groups(spec.name, batch.problems, per_prompt, self.reward_fn, eps=a.eps, scale=a.scale,
@@ -256,8 +262,9 @@ class MutualRLModule(LightningModule):
         self.evaluator.start(self.evaluation.seed)
 
     def validation_step(self, batch: PromptBatch, batch_idx: int):
+        problems = rank_part(batch.problems, *rank_and_world())  # several processes: each evaluates its part
         for spec in self.specs:
-            self.evaluator.add(self.policies[spec.name], batch.problems)
+            self.evaluator.add(self.policies[spec.name], problems)
 
     def on_validation_epoch_end(self) -> None:
         flat = self._eval_metrics()
@@ -278,15 +285,23 @@ class MutualRLModule(LightningModule):
 
     # --------------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
         checkpoint["mutual_rl"] = {
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "rng": rng,
+            "rng_per_rank": gather_objects(rng),  # several processes: each rank resumes its own sampling stream
             "versions": {name: p.version for name, p in self.policies.items()},
             "regimes": {name: r.state_dict() for name, r in self.regimes.items()},
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint.get("mutual_rl", {})
-        self._rng_to_restore = state.get("rng")
+        rank, world = rank_and_world()
+        per_rank = state.get("rng_per_rank") or [state.get("rng")]
+        if len(per_rank) == world:
+            self._rng_to_restore = per_rank[rank]
+        else:  # another world size: rank 0's stream, offset per rank below
+            self._rng_to_restore = per_rank[0]
+            self._offset_rng_per_rank = world > 1
         for name, v in state.get("versions", {}).items():
             if name in self.policies:
                 self.policies[name].version = v
@@ -294,11 +309,25 @@ class MutualRLModule(LightningModule):
             if name in self.regimes:
                 self.regimes[name].load_state_dict(r_state)
 
+    def on_fit_start(self) -> None:
+        for policy in self.policies.values():
+            if lockstep_needed(policy.model):  # FSDP, several ranks: one forward per response_logp call, always
+                policy.share_prompts = False
+
     def on_train_start(self) -> None:
         if self._rng_to_restore is not None:  # after every restore step, so nothing else consumes it first
             torch.set_rng_state(self._rng_to_restore["torch"])
             random.setstate(self._rng_to_restore["python"])
             self._rng_to_restore = None
+        elif self.global_step == 0:
+            self._offset_rng_per_rank = True
+        rank, world = rank_and_world()
+        if world > 1 and self._offset_rng_per_rank:
+            # seed_everything seeds every rank alike; ranks sample their own prompts with their own streams
+            seed = int(torch.randint(0, 2**62, (1,)).item()) + 1_000_003 * rank
+            torch.manual_seed(seed)
+            random.seed(seed)
+        self._offset_rng_per_rank = False
         dm = self._datamodule()
         limit = self.trainer.limit_val_batches
         if self.eval_at_start and self.global_step == 0 and hasattr(dm, "val_problems") and limit != 0:
@@ -309,8 +338,9 @@ class MutualRLModule(LightningModule):
         problems = dm.val_problems()
         self.evaluator.start(self.evaluation.seed)
         for start in range(0, len(problems), dm.val_batch_size):
+            part = rank_part(problems[start : start + dm.val_batch_size], *rank_and_world())
             for spec in self.specs:
-                self.evaluator.add(self.policies[spec.name], problems[start : start + dm.val_batch_size])
+                self.evaluator.add(self.policies[spec.name], part)
         flat = self._eval_metrics()
         for logger in self.loggers:
             logger.log_metrics(flat, step=0)

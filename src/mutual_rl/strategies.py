@@ -2,12 +2,18 @@
 
 What it does on top of Lightning's ``FSDPStrategy``:
 
-* **Auto-wrap**: one FSDP unit per decoder layer of *every* policy (the union of their decoder-layer classes,
-  e.g. ``{"GPT2Block", "LlamaDecoderLayer"}``) and, with ``wrap_models`` (default), one unit per policy's whole
-  causal-LM module (``*ForCausalLM`` / ``*LMHeadModel``), so each policy's embeddings and head live in that
-  policy's own unit and the root (the LightningModule) owns no parameters. Class names are resolved lazily, at
-  wrap time, from the modules of the loaded module (no transformers import here); ``decoder_layers=None``
+* **One FSDP root per policy**: each policy's model (``policy.model``: the Hugging Face model, or its peft
+  wrapper under LoRA) becomes its own FSDP root, with one nested unit per decoder layer (the union of the
+  policies' decoder-layer classes, e.g. ``{"GPT2Block", "LlamaDecoderLayer"}``). The LightningModule itself is
+  *not* wrapped. Why: with manual optimization every backward is a policy's own; FSDP finalises gradients
+  (reduce-scatter waits, sharded-gradient views for the optimizer, resharding) in a callback that only a *root*
+  queues, and it forbids gathering full parameters (weight export, vLLM weight sync) inside a root's forward --
+  which is where Lightning runs ``training_step`` when the LightningModule is the root. Each policy owns its
+  embeddings and head in its root unit, so every parameter lives in exactly one sharded unit. Class names are
+  resolved lazily, at wrap time, from the loaded modules (no transformers import here); ``decoder_layers=None``
   discovers them from each Hugging Face model's ``_no_split_modules``.
+* **CPU**: torch's FSDP runs on CPU (gloo) when told the device, which Lightning does not do; this strategy
+  does, so the multi-rank logic is tested on a laptop (``tests/distributed``).
 * ``use_orig_params=True`` (always): each policy has its own optimizer over its own parameters of one module.
 * ``mixed_precision``: ``"bf16"`` | ``"fp16"`` | ``"fp32"`` (params, gradient reduction and buffers in that
   dtype) or ``None`` (Lightning's: follows ``trainer.precision``).
@@ -15,8 +21,11 @@ What it does on top of Lightning's ``FSDPStrategy``:
 
 Gradient clipping with manual optimization: ``torch.nn.utils.clip_grad_norm_`` over a policy's sharded
 parameters computes a *per-rank* norm. :func:`clip_grad_norm_` here all-reduces the squared local shard norms
-(every trainable parameter lives in exactly one sharded FSDP unit, which ``wrap_models`` guarantees) and falls
-back to torch's function when nothing is sharded.
+(every trainable parameter lives in exactly one sharded FSDP unit) and falls back to torch's function when nothing
+is sharded.
+
+Several processes train on different prompts (``PromptDataModule``); see ``mutual_rl.distributed`` for how the
+ranks stay in lockstep and how loss normalisers become global.
 
 Multi-node: Lightning's standard launchers. On SLURM: ``#SBATCH --nodes=2 --ntasks-per-node=8 --gpus-per-node=8``
 then ``srun mutual-rl fit --config configs/gpu/graft_qwen3_smollm3_full.yaml --trainer.num_nodes 2
@@ -34,20 +43,8 @@ from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 
 PRECISIONS = ("bf16", "fp16", "fp32")
+SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def model_class_names(module: nn.Module) -> set[str]:
-    """Names of the top-level causal-LM classes inside ``module`` (Hugging Face ``PreTrainedModel``\\ s that are
-    not nested in another one)."""
-    names, seen = set(), set()
-    for _, m in module.named_modules():
-        if id(m) in seen:
-            continue
-        if hasattr(m, "_no_split_modules") and hasattr(m, "config") and hasattr(m, "generate"):
-            names.add(type(m).__name__)
-            seen.update(id(x) for x in m.modules())
-    return names
 
 
 def decoder_layer_names(module: nn.Module) -> set[str]:
@@ -81,7 +78,6 @@ class MutualFSDPStrategy(FSDPStrategy):
     def __init__(
         self,
         decoder_layers: list[str] | None = None,
-        wrap_models: bool = True,
         mixed_precision: str | None = None,
         activation_checkpointing: bool = False,
         sharding_strategy: str = "FULL_SHARD",
@@ -93,50 +89,115 @@ class MutualFSDPStrategy(FSDPStrategy):
         Args:
             decoder_layers: class names of the policies' decoder blocks (default: each model's
                 ``_no_split_modules``, found when the module is wrapped).
-            wrap_models: also wrap each policy's whole causal-LM module in its own unit (needed by
-                :func:`clip_grad_norm_` and per-policy weight gathering).
             mixed_precision: ``bf16`` | ``fp16`` | ``fp32`` or ``None`` (follow ``trainer.precision``).
             activation_checkpointing: recompute decoder-layer activations in backward.
-            sharding_strategy: FSDP sharding (``FULL_SHARD``, ``SHARD_GRAD_OP``, ``HYBRID_SHARD``, ...).
+            sharding_strategy: FSDP sharding, ``FULL_SHARD`` or ``SHARD_GRAD_OP``.
             state_dict_type: checkpoint format, ``full`` or ``sharded``.
             cpu_offload: offload parameters to CPU.
         """
         if mixed_precision is not None and mixed_precision not in PRECISIONS:
             raise ValueError(f"MutualFSDPStrategy: mixed_precision={mixed_precision!r} is not one of: "
                              f"{', '.join(PRECISIONS)} (or null).")
+        if str(sharding_strategy).upper().split(".")[-1] not in SHARDINGS:
+            raise ValueError(f"MutualFSDPStrategy: sharding_strategy={sharding_strategy!r} is not one of: "
+                             f"{', '.join(SHARDINGS)} (gradient clipping sums each parameter's shards once over "
+                             "all ranks, which replicated strategies would count several times).")
         if kwargs.get("use_orig_params") is False:
             raise ValueError("MutualFSDPStrategy needs use_orig_params=True (one optimizer per policy).")
         kwargs["use_orig_params"] = True
         super().__init__(mixed_precision=_mixed_precision(mixed_precision), sharding_strategy=sharding_strategy,
                          state_dict_type=state_dict_type, cpu_offload=cpu_offload, **kwargs)
         self.decoder_layers = list(decoder_layers) if decoder_layers is not None else None
-        self.wrap_models = wrap_models
         self.activation_checkpointing = activation_checkpointing
 
-    def wrap_classes(self, module: nn.Module) -> tuple[set[type[nn.Module]], set[type[nn.Module]]]:
-        """(classes to wrap, classes to checkpoint) for ``module``, resolved from its loaded submodules."""
+    # Full state dicts on CPU: Lightning always asks FSDP to "offload to CPU", which for parameters that already
+    # live on the CPU leaves views into freed gather buffers (a segfault when cloned). On CPU the three methods that
+    # build full state dicts run with offloading off; on GPUs they are Lightning's, unchanged.
+    @contextmanager
+    def _cpu_safe_full_state(self):
+        if self.root_device.type != "cpu":
+            yield
+            return
+        import lightning.pytorch.strategies.fsdp as lightning_fsdp
+
+        original = lightning_fsdp._get_full_state_dict_context
+        lightning_fsdp._get_full_state_dict_context = _full_state_dict_context_in_place
+        try:
+            yield
+        finally:
+            lightning_fsdp._get_full_state_dict_context = original
+
+    def lightning_module_state_dict(self):
+        with self._cpu_safe_full_state():
+            return super().lightning_module_state_dict()
+
+    def optimizer_state(self, optimizer):
+        with self._cpu_safe_full_state():
+            return super().optimizer_state(optimizer)
+
+    def load_checkpoint(self, *args, **kwargs):
+        with self._cpu_safe_full_state():
+            return super().load_checkpoint(*args, **kwargs)
+
+    def layer_classes(self, module: nn.Module) -> set[type[nn.Module]]:
+        """The decoder-layer classes to wrap (and to checkpoint) in ``module``, resolved from its submodules."""
         layers = set(self.decoder_layers) if self.decoder_layers is not None else decoder_layer_names(module)
         if not layers:
             raise ValueError("FSDP: no decoder-layer classes: set strategy.decoder_layers (e.g. [LlamaDecoderLayer]).")
-        layer_classes = resolve_classes(module, layers)
-        wrap = set(layer_classes)
-        if self.wrap_models:
-            wrap |= resolve_classes(module, model_class_names(module))
-        return wrap, layer_classes
+        return resolve_classes(module, layers)
 
     def auto_wrap_policy(self, module: nn.Module):
+        """The nested-unit policy inside each policy's root: one unit per decoder layer."""
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-        return ModuleWrapPolicy(self.wrap_classes(module)[0])
+        return ModuleWrapPolicy(self.layer_classes(module))
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
-        wrap, layers = self.wrap_classes(model)
+        from lightning.pytorch.strategies.fsdp import _setup_activation_checkpointing
+        from torch.distributed.fsdp import FullyShardedDataParallel
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-        self.kwargs["auto_wrap_policy"] = ModuleWrapPolicy(wrap)
+        policies = getattr(model, "policies", None)
+        if not policies:
+            raise ValueError("MutualFSDPStrategy shards the policies of a MutualRLModule (its `policies`); for "
+                             "another LightningModule use Lightning's FSDPStrategy.")
+        layers = self.layer_classes(model)
+        kwargs = {k: v for k, v in self.kwargs.items() if k not in ("auto_wrap_policy", "use_orig_params")}
+        for policy in policies.values():
+            if isinstance(policy.model, FullyShardedDataParallel):
+                continue
+            policy.model = shard_model(policy.model, layers, self.root_device, cpu_offload=self.cpu_offload,
+                                       mixed_precision=self.mixed_precision_config,
+                                       sharding_strategy=self.sharding_strategy, **kwargs)
         if self.activation_checkpointing:
-            self._activation_checkpointing_kwargs = {"auto_wrap_policy": ModuleWrapPolicy(layers)}
-        return super()._setup_model(model)
+            _setup_activation_checkpointing(model, {"auto_wrap_policy": ModuleWrapPolicy(layers)})
+        return model
+
+
+def _full_state_dict_context_in_place(module: nn.Module, world_size: int, rank0_only: bool = True):
+    """Lightning's full-state-dict context without ``offload_to_cpu`` (for CPU ranks; see MutualFSDPStrategy)."""
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.api import FullOptimStateDictConfig
+
+    return FSDP.state_dict_type(
+        module=module, state_dict_type=StateDictType.FULL_STATE_DICT,
+        state_dict_config=FullStateDictConfig(offload_to_cpu=False, rank0_only=rank0_only),
+        optim_state_dict_config=FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=rank0_only),
+    )
+
+
+def shard_model(model: nn.Module, layer_classes: set[type[nn.Module]], device: torch.device, **kwargs) -> nn.Module:
+    """``model`` as its own FSDP root with one nested unit per ``layer_classes`` module (``use_orig_params``).
+
+    ``device``: this rank's device; on CPU it is passed to FSDP explicitly (torch's FSDP needs that to run on
+    CPU with gloo)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    device_id = torch.device("cpu") if device.type == "cpu" else device.index
+    return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy(layer_classes), device_id=device_id,
+                                    use_orig_params=True, **kwargs)
 
 
 def _mixed_precision(name: str | None):
@@ -168,20 +229,62 @@ def full_params(module: nn.Module):
         yield module
 
 
-@torch.no_grad()
-def clip_grad_norm_(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """Clip the global gradient norm of ``params`` (sharded under FSDP or not); returns the norm before clipping.
+@contextmanager
+def generation_params(module: nn.Module):
+    """Yields the model to call ``.generate(...)`` on; ``module`` may be an FSDP unit (a no-op without FSDP).
 
-    Under FSDP with ``use_orig_params=True`` each rank's ``p.grad`` is its shard, so the norm is
-    ``sqrt(all_reduce(sum ||g_shard||^2))``; this assumes every parameter is sharded in exactly one unit (true
-    with ``MutualFSDPStrategy(wrap_models=True)``, FULL_SHARD or SHARD_GRAD_OP).
+    ``generate`` is a method of the wrapped Hugging Face model and calls the *inner* model, which would skip the
+    unit's parameter gathering (and ``summon_full_params`` is not allowed inside the training step, which runs in
+    the root unit's forward). So, inside this context, the inner model's ``forward`` is routed through the FSDP
+    unit: every decoding step gathers the unit's parameters exactly as a training forward does, and the nested
+    decoder-layer units gather their own.
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if not isinstance(module, FullyShardedDataParallel):
+        with nullcontext():
+            yield module
+        return
+    inner = module.module
+    original = inner.forward
+    depth = [0]
+
+    def routed(*args, **kwargs):
+        if depth[0]:  # called back by the FSDP unit: the real forward
+            return original(*args, **kwargs)
+        depth[0] += 1
+        try:
+            return module(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    inner.forward = routed
+    try:
+        yield inner
+    finally:
+        del inner.forward
+
+
+@torch.no_grad()
+def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, sharded: bool = False) -> torch.Tensor:
+    """Clip the global gradient norm of ``params``; returns the norm before clipping.
+
+    ``sharded=False``: torch's ``clip_grad_norm_`` (the gradients are whole on this rank -- also in a
+    multi-process run when the model is not sharded). ``sharded=True`` (FSDP with ``use_orig_params=True``): each
+    rank's ``p.grad`` is its shard, so the norm is ``sqrt(all_reduce(sum ||g_shard||^2))``; this assumes every
+    parameter is sharded in exactly one unit (true with ``MutualFSDPStrategy``, FULL_SHARD or SHARD_GRAD_OP).
     """
     import torch.distributed as dist
 
     grads = [p.grad for p in params if p.grad is not None]
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+    if not (sharded and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    device = grads[0].device if grads else torch.device(torch.cuda.current_device())
+    if grads:
+        device = grads[0].device
+    else:
+        from mutual_rl.distributed import collective_device
+
+        device = collective_device()
     local = torch.zeros((), dtype=torch.float32, device=device)
     for g in grads:
         local += g.detach().float().pow(2).sum()

@@ -17,16 +17,31 @@ from mutual_rl.data.task import Problem
 FINISH_REASONS = ("eos", "length")
 
 
-@dataclass
 class PromptBatch:
-    """One training step's prompts, as the data module yields them.
+    """One training step's prompts on this process, as the data module yields them.
 
     ``index`` is the position of this batch in the (seeded, endless) prompt stream; the module reports it back
-    so that a checkpoint resumes at the next batch.
+    so that a checkpoint resumes at the next batch. ``offset`` is the stream position of ``problems[0]``
+    (``index * batch_size * world_size + rank * batch_size``), so group ids built from it are unique across ranks.
+
+    Deliberately not a dataclass: Lightning's ``apply_to_collection`` (device transfer, the FSDP/mixed-precision
+    input conversion) recurses into dataclasses and rejects the frozen :class:`Problem` records; this class is one
+    opaque value to it. It holds text, never tensors.
     """
 
-    index: int
-    problems: list[Problem]
+    __slots__ = ("index", "problems", "offset")
+
+    def __init__(self, index: int, problems: list[Problem], offset: int | None = None):
+        self.index = index
+        self.problems = problems
+        self.offset = index * len(problems) if offset is None else offset
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, PromptBatch) and (self.index, self.problems, self.offset) == (
+            other.index, other.problems, other.offset)
+
+    def __repr__(self) -> str:
+        return f"PromptBatch(index={self.index}, offset={self.offset}, problems=<{len(self.problems)}>)"
 
 
 @dataclass(frozen=True)

@@ -82,3 +82,31 @@ def test_constructor_rejects_bad_arguments():
                       (dict(total_rollouts=0), "total_rollouts"), (dict(placement={"a": "gpu"}), "device index")):
         with pytest.raises(ValueError, match=match):
             ResourceAllocation(**kw)
+
+
+class _Placing:
+    """An HF engine that records the placements the module hands it each step."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    def generate(self, *args, **kwargs):
+        return self.engine.generate(*args, **kwargs)
+
+    def place(self, name, placement):
+        self.calls.append((name, placement))
+        self.engine.place(name, placement)
+
+
+def test_module_hands_each_budgets_placement_to_the_engine(tmp_path):
+    m = module(pair())
+    m.engine = _Placing(m.engine)
+    trainer(tmp_path, max_steps=2, callbacks=[ResourceAllocation(placement={"llama": "colocate"})]).fit(
+        m, datamodule=datamodule())
+    assert m.engine.calls == [("llama", "colocate")] + [("gpt2", "colocate"), ("llama", "colocate")] * 2
+
+
+def test_hf_engine_cannot_place_rollouts_on_another_device(tmp_path):
+    with pytest.raises(ValueError, match="rollout_engine: vllm"):
+        trainer(tmp_path, max_steps=1, callbacks=[ResourceAllocation(placement={"gpt2": 1})]).fit(
+            module(pair()), datamodule=datamodule())

@@ -60,3 +60,23 @@ def test_files_replace_the_task(tmp_path):
 def test_invalid_batch_size():
     with pytest.raises(ValueError, match="data.batch_size must be >= 1"):
         PromptDataModule(batch_size=0)
+
+
+def test_ranks_split_each_global_batch():
+    """Rank r of W trains on the r-th ``batch_size`` part of global batch i: the parts are disjoint and together are
+    the one-process stream with ``batch_size * W``."""
+    dm = PromptDataModule(ArithmeticTask(**TASK), batch_size=4)
+    whole = PromptDataModule(ArithmeticTask(**TASK), batch_size=8)
+    for i in range(30):  # across epoch boundaries (100 problems)
+        parts = [[p.prompt_id for p in dm.train_batch(i, rank=r, world_size=2)] for r in range(2)]
+        assert parts[0] + parts[1] == [p.prompt_id for p in whole.train_batch(i)]
+    assert [p.prompt_id for p in dm.train_batch(5, rank=0, world_size=1)] == [p.prompt_id for p in dm.train_batch(5)]
+    with pytest.raises(ValueError, match="rank 2"):
+        dm.train_batch(0, rank=2, world_size=2)
+
+
+def test_batches_carry_their_stream_offset():
+    dm = PromptDataModule(ArithmeticTask(**TASK), batch_size=8)
+    batches = [b for _, b in zip(range(3), iter(dm.train_dataloader()))]
+    assert [b.offset for b in batches] == [0, 8, 16] and dm.rank_and_world() == (0, 1)
+    assert "offset=8" in repr(batches[1]) and batches[1] == batches[1] and batches[0] != batches[1]

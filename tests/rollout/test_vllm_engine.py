@@ -196,6 +196,20 @@ def test_engine_generate_sync_and_probe(policy, fake_vllm):
                 v.copy_(before[k])
 
 
+def test_placement_agrees_with_config_and_is_fixed_once_built(policy, fake_vllm):
+    engine = V.VLLMRolloutEngine(per_policy={"a": {"device": 0}})
+    engine.place("a", 0)
+    assert engine.placement == {"a": 0}
+    with pytest.raises(ValueError, match="per_policy.a.device is 0"):
+        engine.place("a", 1)
+    engine.place("p", "colocate")
+    engine.generate(policy, PROBLEMS[:1], SamplingSpec(n=1, max_new_tokens=2), step=0)
+    assert engine.llms["p"].device is None
+    engine.place("p", "colocate")  # unchanged: fine
+    with pytest.raises(ValueError, match="cannot change during a run"):
+        engine.place("p", 1)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not (torch.cuda.is_available() and HAS_VLLM), reason="needs a CUDA GPU and vllm")
 def test_real_vllm_sync_probe(policy):  # pragma: no cover - GPU only

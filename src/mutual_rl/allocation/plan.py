@@ -3,7 +3,8 @@
 What is implemented (METHODS §4):
 
 * :class:`Budget` -- one policy's budget for one training step: rollouts per prompt ``n``, ``max_new_tokens``,
-  whether it ``update``\\ s this step, and its ``placement`` (which device serves its rollouts and training).
+  whether it ``update``\\ s this step, and its ``placement`` (which device serves its rollouts; training always
+  runs on the trainer's devices, placed by the Lightning strategy).
 * :func:`plan_budgets` -- the planner. Two modes:
 
   ``equal`` (default; matched compute, as the papers compare): the total rollouts per prompt ``T`` is split as
@@ -21,10 +22,11 @@ What is implemented (METHODS §4):
 
 * Update schedule: policy ``p`` updates at step ``s`` iff ``s % update_every[p] == 0`` (default 1: every
   step). ``update_every = 0`` (never) is rejected: such a policy should be a stored peer (SEE replay).
-* Placement: ``"colocate"`` (default: the policy's rollouts and training run on the trainer's devices, as the
-  module does today -- on CPU placement is therefore a no-op) or a non-negative device index (``int``) for an
-  engine that serves the policy's rollouts on that device (the vLLM engine reads it). The planner validates it
-  and carries it in every budget; nothing here names a device string.
+* Placement: ``"colocate"`` (default: the policy's rollouts run on the trainer's devices) or a non-negative
+  device index (``int``) for an engine that serves the policy's rollouts on that device. The planner validates
+  it and carries it in every budget; the module hands it to the rollout engine's ``place`` each step (vLLM
+  builds the policy's engine on that device; the HF engine, which generates with the training weights, accepts
+  only ``"colocate"`` and says so at set-up). Nothing here names a device string.
 
 :func:`validate_budgets` rejects invalid plans with errors that name the policy and the fix.
 """
@@ -49,7 +51,7 @@ class Budget:
     update: bool = True
     """Whether the policy takes its optimizer steps this step."""
     placement: str | int = COLOCATE
-    """``"colocate"`` (trainer's devices) or a device index serving this policy's rollouts."""
+    """``"colocate"`` (trainer's devices) or a device index serving this policy's rollouts (``engine.place``)."""
 
 
 def validate_placement(name: str, placement, num_devices: int | None = None) -> None:

@@ -3,7 +3,8 @@
 Hooks:
 
 * ``setup``: checks the configuration against the module's policies (unknown names, a policy that would never
-  update, placements, a total below ``N * n_min``) before any step runs.
+  update, placements -- including whether the rollout engine can honour them: ``hf`` only colocates -- a total
+  below ``N * n_min``) before any step runs.
 * ``on_train_batch_start``: plans this step with :func:`mutual_rl.allocation.plan_budgets` and sets
   ``pl_module.budgets = {name: Budget(n, max_new_tokens, update, placement)}``.
 * ``on_train_batch_end``: reads the step's per-policy metrics the module logged (``<name>/all_fail_frac``,
@@ -105,8 +106,11 @@ class ResourceAllocation(Callback):
             if name not in names:
                 raise ValueError(f"ResourceAllocation: placement names unknown policy {name!r}; policies: {names}.")
         num = _visible_devices()
+        place = getattr(pl_module.engine, "place", None)
         for name, where in self.placement.items():
             validate_placement(name, where, num)
+            if place is not None:  # the engine says now whether it can honour the placement
+                place(name, where)
         if self.mode == "adaptive" and self.total(pl_module) < len(names) * self.n_min:
             raise ValueError(f"ResourceAllocation: total_rollouts {self.total(pl_module)} < {len(names)} policies x "
                              f"n_min {self.n_min}.")

@@ -1,8 +1,10 @@
 """Prompts for training and held-out evaluation, from the built-in task or from JSONL/Parquet files.
 
 Training draws an endless, seeded stream of prompt batches: epoch ``e`` is a permutation of the training problems
-(seed ``(seed, e)``), batch ``i`` is the ``i``-th slice of ``batch_size`` across epoch boundaries; a Lightning
-epoch is ``len(train) // batch_size`` batches of that stream. The stream
+(seed ``(seed, e)``), batch ``i`` is the ``i``-th slice of ``batch_size * world_size`` across epoch boundaries,
+and rank ``r`` of a multi-process run (FSDP/DDP) trains on its ``r``-th ``batch_size`` part of it -- so
+``batch_size`` is prompts per process and step, as in Lightning, and ranks never see the same prompt in a step. A
+Lightning epoch is ``len(train) // (batch_size * world_size)`` batches of that stream. The stream
 position is the module's to report (:meth:`PromptDataModule.mark_consumed`), so a checkpoint resumes at exactly
 the next unseen batch even though Lightning prefetches one batch ahead.
 """
@@ -28,11 +30,13 @@ class _PromptStream(IterableDataset):
         # One Lightning "epoch" is one pass over the training problems; resuming mid-epoch yields its rest.
         length = len(self)
         start = self.dm.next_batch
+        rank, world = self.dm.rank_and_world()
         for index in range(start, (start // length + 1) * length):
-            yield PromptBatch(index, self.dm.train_batch(index))
+            problems = self.dm.train_batch(index, rank=rank, world_size=world)
+            yield PromptBatch(index, problems, offset=(index * world + rank) * self.dm.batch_size)
 
     def __len__(self) -> int:
-        return max(1, len(self.dm.train_problems()) // self.dm.batch_size)
+        return max(1, len(self.dm.train_problems()) // (self.dm.batch_size * self.dm.rank_and_world()[1]))
 
 
 class _Batches(IterableDataset):
@@ -127,12 +131,23 @@ class PromptDataModule(LightningDataModule):
             out += load_problems(path, id_offset=offset + len(out), **self.keys)
         return out
 
-    def train_batch(self, index: int) -> list[Problem]:
-        """Batch ``index`` of the endless training stream (pure function of seed and index)."""
+    def rank_and_world(self) -> tuple[int, int]:
+        """(this process's global rank, number of processes) of the attached trainer; (0, 1) without one."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return 0, 1
+        return int(trainer.global_rank), max(int(trainer.world_size), 1)
+
+    def train_batch(self, index: int, rank: int = 0, world_size: int = 1) -> list[Problem]:
+        """Rank ``rank``'s part of batch ``index`` of the endless training stream (pure function of seed, index,
+        rank and world size); ``world_size = 1`` gives the whole batch."""
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, {world_size}).")
         problems = self.train_problems()
         n = len(problems)
         out = []
-        for flat in range(index * self.batch_size, (index + 1) * self.batch_size):
+        start = (index * world_size + rank) * self.batch_size
+        for flat in range(start, start + self.batch_size):
             epoch, pos = divmod(flat, n)
             out.append(problems[self._order(epoch)[pos]])
         return out

@@ -16,6 +16,9 @@ import torch
 from transformers import GenerationConfig
 
 from mutual_rl.data.task import Problem
+from mutual_rl.distributed import agree_max, lockstep_needed
+from mutual_rl.rollout.hf import dummy_prompt
+from mutual_rl.strategies import generation_params
 
 
 @torch.no_grad()
@@ -29,18 +32,25 @@ def greedy_generate(policy, problems: Sequence[Problem], max_new_tokens: int, ba
     was_training = model.training
     model.eval()
     out: list[str] = []
+    synced = lockstep_needed(model)  # FSDP, several ranks: same number of generate calls everywhere
+    starts = list(range(0, len(prompt_ids), batch_size))
+    if synced:
+        starts += [None] * (agree_max([len(starts)])[0] - len(starts))
     try:
-        for start in range(0, len(prompt_ids), batch_size):
-            chunk = prompt_ids[start : start + batch_size]
+        for start in starts:
+            chunk = prompt_ids[start : start + batch_size] if start is not None else [dummy_prompt(policy)]
             width = max(len(p) for p in chunk)
             ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
             attn = torch.zeros_like(ids)
             for r, p in enumerate(chunk):  # left padding
                 ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
                 attn[r, width - len(p):] = 1
-            seq = model.generate(input_ids=ids.to(policy.device), attention_mask=attn.to(policy.device),
-                                 generation_config=cfg)[:, width:].cpu()
-            out.extend(decode_completion(tok, row) for row in seq)
+            with generation_params(model) as gen_model:
+                seq = gen_model.generate(input_ids=ids.to(policy.device), attention_mask=attn.to(policy.device),
+                                         generation_config=cfg, **({"synced_gpus": True} if synced else {}))
+            seq = seq[:, width:].cpu()
+            if start is not None:
+                out.extend(decode_completion(tok, row) for row in seq)
     finally:
         model.train(was_training)
     return out

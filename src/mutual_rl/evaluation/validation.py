@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mutual_rl.distributed import collective_device
 from mutual_rl.evaluation.answers import answer_extractor
 from mutual_rl.evaluation.complementarity import complementarity_table
 from mutual_rl.evaluation.greedy import greedy_generate
@@ -178,9 +179,8 @@ class Evaluator:
 
 
 def _default_device() -> torch.device:
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    """Where a policy with no results on this rank reduces its metrics: the device collectives need."""
+    return collective_device()
 
 
 def _union(local: dict[str, list[str]]) -> dict[str, list[str]]:

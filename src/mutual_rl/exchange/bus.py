@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from mutual_rl.distributed import gather_objects
 from mutual_rl.exchange.records import (
     GROUP_KINDS,
     Record,
@@ -261,10 +262,18 @@ class ExchangeBus:
                 f"SEE accounting failed at step {step} (every delivered record must be consumed or dropped with "
                 f"a reason):\n  " + "\n  ".join(errors)
             )
-        if self.store_dir and self.is_writer:
+        if self.store_dir:
             records = [r for gs in self._published.values() for g in gs for r in records_from_group(g)]
-            write_step(self.store_dir, step, records + self._traces,
-                       {f: dict(c) for f, c in flows.items()})
+            # several processes: every rank trained its own prompts; the writer stores all ranks' traffic (in rank
+            # order), so nothing a rank published is missing from the step file
+            parts = gather_objects((records + self._traces, {f: dict(c) for f, c in flows.items()}))
+            if self.is_writer:
+                merged: dict[str, Counter] = {}
+                for _, part_flows in parts:
+                    for f, c in part_flows.items():
+                        merged.setdefault(f, Counter()).update(c)
+                write_step(self.store_dir, step, [r for rs, _ in parts for r in rs],
+                           {f: dict(c) for f, c in merged.items()})
         metrics = {f"exchange/{s}/published": float(sum(len(g.rollouts) for g in gs))
                    for s, gs in self._published.items()}
         for f, c in flows.items():

@@ -76,6 +76,14 @@ class Policy(nn.Module):
                 entropy = logz - (probs * logits).sum(-1)
         return logp, entropy
 
+    def dummy_logp(self, temperature: float = 1.0, *, reference: bool = False) -> torch.Tensor:
+        """Log-prob [1, 1] of a fixed one-token response to a fixed prompt. Its only use is a forward whose result
+        the caller discards (or multiplies by 0 before backward), run to keep FSDP ranks in lockstep
+        (``mutual_rl.distributed``)."""
+        ids = self.encode_prompt(self.render_prompt("1 + 1")) + [self.tokenizer.eos_token_id]
+        t = torch.tensor([ids], device=self.device)
+        return self.response_logp(t, torch.ones_like(t), 1, temperature, reference=reference)[0]
+
     def _response_logits(self, model, input_ids, attention_mask, width: int) -> torch.Tensor:
         """Logits predicting the last ``width`` tokens: [B, width, V]."""
         pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -102,7 +110,10 @@ class Policy(nn.Module):
             with self.model.disable_adapter():
                 yield self.model
         elif self._reference is not None:
-            yield self._reference[0]
+            ref = self._reference[0]  # not a submodule (never trained or checkpointed): follow the policy's device
+            if next(ref.parameters()).device != self.device:
+                ref.to(self.device)
+            yield ref
         else:
             raise RuntimeError(f"policy {self.name!r} has no KL reference (kl_coef is 0).")
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from mutual_rl.algorithms import masked_mean, zero_advantage_skip_mask
+from mutual_rl.distributed import agree_max, agree_sum, lockstep_needed, rank_and_world
 from mutual_rl.policies.objectives import get_objective
 from mutual_rl.regimes.base import NLLTerm, TrainingPlan
 from mutual_rl.strategies import clip_grad_norm_
@@ -79,21 +80,83 @@ def chunks(rows: list[int], size: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def recompute_old_logp(policy, batch: PolicyBatch, rows: list[int], temperature: float, micro: int) -> None:
+def recompute_old_logp(policy, batch: PolicyBatch, rows: list[int], temperature: float, micro: int,
+                       lockstep: bool = False) -> None:
     """Overwrite ``batch.old_logp`` of ``rows`` with the current policy's log-probs (before the update)."""
-    for part in chunks(rows, micro):
+    parts = chunks(rows, micro)
+    if lockstep:  # agree on the count *before* any forward: each forward is itself a collective
+        parts += [None] * (agree_max([len(parts)])[0] - len(parts))
+    for part in parts:
+        if part is None:  # lockstep dummy
+            policy.dummy_logp(temperature)
+            continue
         sub = batch.select(part)
         logp, _ = policy.response_logp(sub.input_ids, sub.attention_mask, batch.response_width, temperature)
         batch.old_logp[part] = logp.float() * sub.response_mask
 
 
-def nll_loss(policy, nll: NLLTerm, rows: list[int], temperature: float) -> tuple[torch.Tensor, float]:
-    """``coef · mean_rows[token-mean NLL]`` of ``rows`` of the NLL batch, and the unscaled mean NLL."""
+def nll_loss(policy, nll: NLLTerm, rows: list[int], temperature: float,
+             num_rows: float | None = None) -> tuple[torch.Tensor, float]:
+    """``coef · sum_rows[token-mean NLL] / num_rows`` of ``rows`` of the NLL batch (``num_rows``: ``len(rows)``
+    in one process, the global row count over the world size under FSDP), and the unscaled local mean NLL."""
     sub = nll.batch.select(rows)
     logp, _ = policy.response_logp(sub.input_ids, sub.attention_mask, nll.batch.response_width, temperature)
     per_seq = -(logp * sub.response_mask).sum(-1) / sub.response_mask.sum(-1).clamp(min=1)
-    mean = per_seq.mean()
-    return nll.coef * mean, float(mean.detach())
+    total = per_seq.sum() / (num_rows if num_rows is not None else len(rows))
+    return nll.coef * total, float(per_seq.detach().mean())
+
+
+@dataclass
+class _MiniBatch:
+    """One mini-batch's work and normalisers (global ones under FSDP lockstep)."""
+
+    rows: list[int]
+    parts: list[list[int]]  # active (non-skipped) positions in the mini-batch, per forward/backward
+    nll_rows: list[int]
+    token_count: torch.Tensor | float
+    num_seqs: float
+    max_len: int
+    nll_num_rows: float | None = None
+    num_parts: int = 0  # forwards to run (>= len(parts) under lockstep; the rest are dummies)
+    nll_pass: bool = False  # whether an NLL forward/backward runs (a dummy one if nll_rows is empty)
+
+
+def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: bool) -> list[_MiniBatch]:
+    """Per mini-batch: its active parts and loss normalisers.
+
+    In one process the normalisers are the mini-batch's own (METHODS §1). Under FSDP lockstep the ranks hold
+    different rows of one global mini-batch ``i`` (rank ``r``'s ``i``-th mini-batch): counts are agreed so that every
+    rank runs the same number of mini-batches, forwards and NLL passes, and the token-mean / sequence-mean
+    normalisers are the *global* counts divided by the world size. FSDP averages gradients over ranks, so the
+    update equals the one-process update on the union of the ranks' rows (tested in tests/distributed).
+    """
+    batch = plan.batch
+    nll_mbs = plan.nll.mini_batches if plan.nll is not None else []
+    out = []
+    for i, rows in enumerate(plan.mini_batches):
+        mask = batch.response_mask[rows] if rows else batch.response_mask[:0]
+        active = [j for j, r in enumerate(rows) if not skip[r]]  # positions in the mini-batch
+        out.append(_MiniBatch(
+            rows=list(rows), parts=chunks(active, micro), nll_rows=list(nll_mbs[i]) if i < len(nll_mbs) else [],
+            token_count=mask.sum(), num_seqs=int((mask.sum(-1) > 0).sum()), max_len=batch.response_width,
+        ))
+    for mb in out:
+        mb.num_parts, mb.nll_pass = len(mb.parts), bool(mb.nll_rows)
+    if not lockstep:
+        return out
+    _, world = rank_and_world()
+    m = agree_max([len(out)])[0]
+    out += [_MiniBatch(rows=[], parts=[], nll_rows=[], token_count=0.0, num_seqs=0, max_len=0)
+            for _ in range(m - len(out))]
+    maxes = agree_max([mb.num_parts for mb in out] + [int(mb.nll_pass) for mb in out] + [mb.max_len for mb in out])
+    sums = agree_sum([float(mb.token_count) for mb in out] + [mb.num_seqs for mb in out]
+                     + [len(mb.nll_rows) for mb in out])
+    for i, mb in enumerate(out):
+        mb.num_parts, mb.nll_pass, mb.max_len = maxes[i], bool(maxes[m + i]), maxes[2 * m + i]
+        mb.token_count = torch.tensor(sums[i] / world)
+        mb.num_seqs = sums[m + i] / world
+        mb.nll_num_rows = sums[2 * m + i] / world
+    return out
 
 
 def update_policy(
@@ -107,15 +170,19 @@ def update_policy(
     for rows the regime marks ``needs_old_logp`` (peer responses evaluated under the receiver's own old policy).
     Other peer rows keep the old log-probs their regime set (a THL-aligned peer trace, or the receiver's
     log-probs the regime already computed): recomputing them would discard the trace or repeat the work.
+
+    Under FSDP with several processes the ranks run in lockstep with global normalisers (:func:`_mini_batches`).
     """
     batch, objective = plan.batch, get_objective(plan.objective)
     temperature = policy.spec.sampling.temperature
     params = [p for p in policy.parameters() if p.requires_grad]
+    lockstep = lockstep_needed(policy.model)
     skip = zero_advantage_skip_mask(batch.advantages, cfg.kl_coef) if cfg.skip_zero_advantage \
         else torch.zeros(len(batch), dtype=torch.bool)
     need = batch.needs_old_logp | ((cfg.old_logp == "recompute") & ~batch.is_peer)
     recompute_old_logp(policy, batch, [i for i in range(len(batch)) if need[i] and not skip[i]], temperature,
-                       cfg.micro_batch_size)
+                       cfg.micro_batch_size, lockstep=lockstep)
+    mini_batches = _mini_batches(plan, skip, cfg.micro_batch_size, lockstep)
     sums: dict[str, float] = {}
     weights: dict[str, float] = {}
     steps_metrics = {"grad_norm": 0.0, "loss": 0.0, "nll": 0.0}
@@ -126,14 +193,18 @@ def update_policy(
         weights[key] = weights.get(key, 0.0) + weight
 
     for _ in range(cfg.ppo_epochs):
-        for i, rows in enumerate(plan.mini_batches):
-            mb = batch.select(rows)
-            token_count = mb.response_mask.sum()
-            num_seqs = int((mb.response_mask.sum(-1) > 0).sum())
-            active = [j for j, r in enumerate(rows) if not skip[r]]
+        for mbi in mini_batches:
+            mb = batch.select(mbi.rows) if mbi.rows else None
             zero_grad()
-            for part in chunks(active, cfg.micro_batch_size):
-                sub = mb.select(part)
+            for k in range(mbi.num_parts):
+                if k >= len(mbi.parts):  # lockstep dummy: same passes, zero loss
+                    dummy = policy.dummy_logp(temperature)
+                    if cfg.kl_coef:
+                        with torch.no_grad():
+                            policy.dummy_logp(temperature, reference=True)
+                    backward(dummy.sum() * 0.0)
+                    continue
+                sub = mb.select(mbi.parts[k])
                 logp, entropy = policy.response_logp(
                     sub.input_ids, sub.attention_mask, mb.response_width, temperature, with_entropy=True
                 )
@@ -142,27 +213,30 @@ def update_policy(
                     with torch.no_grad():
                         ref, _ = policy.response_logp(sub.input_ids, sub.attention_mask, mb.response_width,
                                                       temperature, reference=True)
-                loss, m = objective(logp, sub, cfg=cfg, token_count=token_count, num_seqs=num_seqs,
-                                    max_len=mb.response_width, ref_logp=ref, **plan.objective_kwargs)
+                loss, m = objective(logp, sub, cfg=cfg, token_count=mbi.token_count, num_seqs=mbi.num_seqs,
+                                    max_len=mbi.max_len, ref_logp=ref, **plan.objective_kwargs)
                 backward(loss)
                 n_tok = float(sub.response_mask.sum())
                 tokens_seen += n_tok
-                for k, v in m.items():
-                    if k.endswith("num_tokens") or k in ("pg_loss", "kl_loss"):
+                for key, v in m.items():
+                    if key.endswith("num_tokens") or key in ("pg_loss", "kl_loss"):
                         continue
-                    w = float(m[k.rsplit("/", 1)[0] + "/num_tokens"]) if "/" in k else n_tok
-                    add(k, float(v), w)
+                    w = float(m[key.rsplit("/", 1)[0] + "/num_tokens"]) if "/" in key else n_tok
+                    add(key, float(v), w)
                 add("entropy", float(masked_mean(entropy, sub.response_mask)), n_tok)
                 steps_metrics["loss"] += float(loss.detach())
-            if plan.nll is not None and plan.nll.mini_batches[i]:
-                extra, mean_nll = nll_loss(policy, plan.nll, plan.nll.mini_batches[i], temperature)
+            if mbi.nll_pass:
+                if mbi.nll_rows:
+                    extra, mean_nll = nll_loss(policy, plan.nll, mbi.nll_rows, temperature, mbi.nll_num_rows)
+                    steps_metrics["nll"] += mean_nll
+                    steps_metrics["loss"] += float(extra.detach())
+                else:  # lockstep dummy (another rank has NLL rows in this mini-batch)
+                    extra = policy.dummy_logp(temperature).sum() * 0.0
                 backward(extra)
-                steps_metrics["nll"] += mean_nll
-                steps_metrics["loss"] += float(extra.detach())
             for p in params:  # a skipped mini-batch still steps, with zero gradients
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-            norm = clip_grad_norm_(params, policy.spec.optimizer.grad_clip or float("inf"))  # FSDP-aware
+            norm = clip_grad_norm_(params, policy.spec.optimizer.grad_clip or float("inf"), sharded=lockstep)
             steps_metrics["grad_norm"] += float(norm)
             step_optimizer()
             policy.version += 1

@@ -57,6 +57,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from mutual_rl.distributed import agree_max, lockstep_needed
 from mutual_rl.policies.batch import collate
 from mutual_rl.regimes.base import Regime, TrainingPlan, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
@@ -153,13 +154,22 @@ class GRAFT(Regime):
 
     @torch.no_grad()
     def _receiver_mean_logp(self, receiver, crossed) -> list[torch.Tensor]:
-        """Per crossed row: the receiver's per-token log-probs of its response tokens (``π_R,old``)."""
-        batch = collate(crossed, torch.zeros(len(crossed)), receiver.tokenizer.pad_token_id)
+        """Per crossed row: the receiver's per-token log-probs of its response tokens (``π_R,old``).
+
+        Under FSDP with several ranks, every rank runs as many forwards as the busiest one (dummies; see
+        ``mutual_rl.distributed``)."""
         temperature = receiver.spec.sampling.temperature
+        size = self.logp_batch_size or max(len(crossed), 1)
+        starts = list(range(0, len(crossed), size))
+        if lockstep_needed(getattr(receiver, "model", None)):
+            for _ in range(agree_max([len(starts)])[0] - len(starts)):
+                receiver.dummy_logp(temperature)
+        if not crossed:
+            return []
+        batch = collate(crossed, torch.zeros(len(crossed)), receiver.tokenizer.pad_token_id)
         device = getattr(receiver, "device", None)
-        size = self.logp_batch_size or len(crossed)
         out: list[torch.Tensor] = []
-        for start in range(0, len(crossed), size):
+        for start in starts:
             sub = batch.select(list(range(start, min(start + size, len(crossed)))))
             ids, attn = sub.input_ids, sub.attention_mask
             if device is not None:
@@ -197,7 +207,7 @@ class GRAFT(Regime):
         prompt_ids = receiver_prompt_ids(own)
         crossed_groups = [cross_rollouts(receiver, peer_by[src][q].rollouts, prompt_ids) for q, src in selected]
         flat = [c for cs in crossed_groups for c in cs]
-        r_logp = self._receiver_mean_logp(receiver, flat) if flat else []
+        r_logp = self._receiver_mean_logp(receiver, flat)
         all_s: list[torch.Tensor] = []
         grafted = []  # (q, src, [(crossed with old logp, advantage, w)])
         admitted_count, evaluated = {src: 0 for src in order}, 0

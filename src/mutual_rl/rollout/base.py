@@ -21,3 +21,8 @@ class RolloutEngine(Protocol):
         response tokens in the decoded response text.
         """
         ...
+
+    def place(self, name: str, placement: str | int) -> None:
+        """Serve policy ``name``'s rollouts per the MWRA placement (``"colocate"``: the trainer's device; an int:
+        that device). An engine that cannot honour a placement raises a ``ValueError`` naming the fix."""
+        ...

@@ -4,6 +4,10 @@ Prompts are rendered in the policy's own format and left-padded (batched generat
 exactly as configured: ``top_k`` is passed explicitly (0 = off; transformers would otherwise apply 50, which
 silently changes the sampling distribution and breaks the RL log-probs). The log-prob of each sampled token is
 read from the processed scores (temperature and top-p applied), i.e. the distribution the token was drawn from.
+
+Under FSDP with several processes (each rank generating for its own prompts) every rank runs the same number of
+``generate`` calls -- missing ones as one-prompt dummies whose output is discarded -- with ``synced_gpus=True``,
+so ranks whose sequences finish early keep taking part in the others' forwards (see ``mutual_rl.distributed``).
 """
 
 from __future__ import annotations
@@ -13,9 +17,16 @@ from collections.abc import Sequence
 import torch
 
 from mutual_rl.data.task import Problem
+from mutual_rl.distributed import agree_max, lockstep_needed
 from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.strategies import generation_params
 from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Rollout
+
+
+def dummy_prompt(policy) -> list[int]:
+    """A short prompt in the policy's format for lockstep dummy generations (output discarded)."""
+    return policy.encode_prompt(policy.render_prompt("1 + 1"))
 
 
 class HFRolloutEngine:
@@ -23,6 +34,13 @@ class HFRolloutEngine:
 
     def __init__(self, chunk_size: int = 512):
         self.chunk_size = chunk_size
+
+    def place(self, name: str, placement: str | int) -> None:
+        """Only ``"colocate"``: this engine generates with the training model itself, on the trainer's device."""
+        if placement != "colocate":
+            raise ValueError(f"placement of policy {name!r} is device {placement!r}, but rollout_engine 'hf' "
+                             "generates with the training weights on the trainer's device; use placement "
+                             "'colocate', or rollout_engine: vllm to serve the policy's rollouts on another device.")
 
     @torch.no_grad()
     def generate(
@@ -34,10 +52,17 @@ class HFRolloutEngine:
         out: list[list[Rollout]] = [[] for _ in problems]
         was_training = policy.model.training
         policy.model.eval()
+        synced = lockstep_needed(policy.model)
+        starts: list[int | None] = list(range(0, len(flat), self.chunk_size))
+        if synced:  # as many generate calls as the busiest rank, agreed before the first (each is collective)
+            starts += [None] * (agree_max([len(starts)])[0] - len(starts))
         try:
-            for start in range(0, len(flat), self.chunk_size):
+            for start in starts:
+                if start is None:  # lockstep dummy, output discarded
+                    self._sample(policy, [dummy_prompt(policy)], sampling, synced)
+                    continue
                 chunk = flat[start : start + self.chunk_size]
-                ids, logps = self._sample(policy, [prompt_ids[i] for i, _ in chunk], sampling)
+                ids, logps = self._sample(policy, [prompt_ids[i] for i, _ in chunk], sampling, synced)
                 for (i, _), row_ids, row_logp in zip(chunk, ids, logps):
                     out[i].append(
                         self._record(policy, problems[i], prompts[i], prompt_ids[i], row_ids, row_logp, step,
@@ -47,7 +72,7 @@ class HFRolloutEngine:
             policy.model.train(was_training)
         return out
 
-    def _sample(self, policy, prompt_ids: list[list[int]], s: SamplingSpec):
+    def _sample(self, policy, prompt_ids: list[list[int]], s: SamplingSpec, synced: bool = False):
         tok = policy.tokenizer
         width = max(len(p) for p in prompt_ids)
         ids = torch.full((len(prompt_ids), width), tok.pad_token_id, dtype=torch.long)
@@ -56,11 +81,13 @@ class HFRolloutEngine:
             ids[r, width - len(p):] = torch.tensor(p)
             attn[r, width - len(p):] = 1
         dev = policy.device
-        gen = policy.model.generate(
-            input_ids=ids.to(dev), attention_mask=attn.to(dev), do_sample=True, temperature=s.temperature,
-            top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens, output_scores=True,
-            return_dict_in_generate=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-        )
+        with generation_params(policy.model) as model:
+            gen = model.generate(
+                input_ids=ids.to(dev), attention_mask=attn.to(dev), do_sample=True, temperature=s.temperature,
+                top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens, output_scores=True,
+                return_dict_in_generate=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                **({"synced_gpus": True} if synced else {}),
+            )
         seq = gen.sequences[:, width:].cpu()  # [B, T]
         scores = torch.stack(gen.scores, dim=1).float()  # [B, T, V] processed (tempered, filtered) logits
         logp = torch.log_softmax(scores, dim=-1).gather(-1, seq.to(scores.device).unsqueeze(-1)).squeeze(-1).cpu()

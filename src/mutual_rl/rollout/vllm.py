@@ -11,8 +11,9 @@ What is implemented:
   default: ``gpu_memory_utilization`` (fraction of the GPU each policy's engine may take) and
   ``enable_sleep_mode`` (engine sleeps -- weights offloaded, KV cache freed -- between its generations) are
   engine-wide and overridable per policy (``per_policy: {name: {gpu_memory_utilization: ...}}``). A policy
-  placed on another device (MWRA ``placement: <index>`` or ``per_policy.<name>.device``) has its engine built
-  under that current device; this path is *not verified* on hardware (only colocated on one GPU is).
+  placed on another device (MWRA ``placement: <index>``, which the module passes to :meth:`place` every step, or
+  ``per_policy.<name>.device``) has its engine built under that current device; the two must agree, and a
+  placement cannot change once the policy's engine exists. This path is *not verified* on hardware.
 * **Sampling and log-probs**: ``SamplingParams(n, temperature, top_p, top_k (0 = off), max_tokens,
   logprobs=0)`` -- ``logprobs=0`` returns the log-prob of each *sampled* token -- and the engine is built with
   ``logprobs_mode="processed_logprobs"``, so those are log-probs of the distribution the token was drawn from
@@ -225,6 +226,7 @@ class _Held:
     version: int
     tmpdir: object
     sleeping: bool = False
+    device: int | None = None
 
 
 class VLLMRolloutEngine:
@@ -264,7 +266,22 @@ class VLLMRolloutEngine:
         self.per_policy, self.llm_kwargs = dict(per_policy or {}), dict(llm_kwargs or {})
         self.llms: dict[str, _Held] = {}
         self._syncs: dict[str, int] = {}
+        self.placement: dict[str, int | None] = {}
 
+    def place(self, name: str, placement: str | int) -> None:
+        """MWRA placement of policy ``name``'s engine: ``"colocate"`` (the current device, or
+        ``per_policy.<name>.device``) or a device index. Conflicts and changes after creation are errors."""
+        device = None if placement == "colocate" else int(placement)
+        configured = self.per_policy.get(name, {}).get("device")
+        if device is not None and configured is not None and int(configured) != device:
+            raise ValueError(f"policy {name!r}: MWRA placement puts its rollouts on device {device} but "
+                             f"rollout_engine_args.per_policy.{name}.device is {configured}; set one of them.")
+        held = self.llms.get(name)
+        want = device if device is not None else configured
+        if held is not None and held.device != want:
+            raise ValueError(f"policy {name!r}: its vLLM engine runs on device {held.device}, placement now asks for "
+                             f"{want}; a placement cannot change during a run.")
+        self.placement[name] = device
     def _args(self, name: str) -> dict:
         unknown = set(self.per_policy.get(name, {})) - set(self.defaults) - {"device"}
         if unknown:
@@ -277,6 +294,8 @@ class VLLMRolloutEngine:
             vllm = import_vllm()
             args = self._args(policy.name)
             device = args.pop("device", None)
+            if self.placement.get(policy.name) is not None:
+                device = self.placement[policy.name]
             tmp = tempfile.TemporaryDirectory(prefix=f"mutual_rl_vllm_{policy.name}_")
             base = policy.model.get_base_model() if hasattr(policy.model, "get_base_model") else policy.model
             weights = dict(hf_weights(policy))
@@ -286,7 +305,7 @@ class VLLMRolloutEngine:
             with ctx:
                 llm = vllm.LLM(model=tmp.name, logprobs_mode="processed_logprobs", generation_config="vllm",
                                **{k: v for k, v in args.items() if v is not None}, **self.llm_kwargs)
-            held = self.llms[policy.name] = _Held(llm, policy.version, tmp)
+            held = self.llms[policy.name] = _Held(llm, policy.version, tmp, device=device)
             self._probe(policy, held)
         self._wake(held)
         return held

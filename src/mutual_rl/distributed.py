@@ -1,0 +1,109 @@
+"""Multi-process helpers: the one place that knows about process groups and their devices (DESIGN rule 10).
+
+Why lockstep matters: under FSDP every forward (and backward) of a sharded policy is a collective -- each FSDP
+unit all-gathers its parameters -- so every rank must run the *same number* of forwards and backwards per policy,
+in the same order, or the run hangs. With per-rank prompts (``PromptDataModule``) the data-dependent counts differ
+between ranks: responses stop at different lengths, a regime admits different numbers of peer rows, zero-advantage
+rows are skipped. The code that loops over data-dependent chunks therefore agrees on the largest count first
+(:func:`agree_max`) and runs the missing iterations as *dummy* passes (a real one-row pass whose result is
+discarded / whose loss is multiplied by 0). Without a process group (one process) all helpers are identities and
+nothing is padded.
+
+``lockstep_needed(module)``: lockstep is only needed when ``module`` is sharded by FSDP and more than one process
+runs; DDP-style replicas synchronise only gradients, which ``MutualFSDPStrategy`` is the supported path for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+
+def is_distributed() -> bool:
+    """A default process group with more than one process exists."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(global rank, world size) of this process; (0, 1) without a process group."""
+    if not is_distributed():
+        return 0, 1
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def collective_device() -> torch.device:
+    """The device collectives of the default group need: the current CUDA device for NCCL, else CPU (gloo)."""
+    if is_distributed() and torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def lockstep_needed(module: nn.Module) -> bool:
+    """True when ``module`` (a policy's model) is FSDP-sharded across more than one process."""
+    if not is_distributed():
+        return False
+    from mutual_rl.strategies import is_sharded
+
+    return is_sharded(module)
+
+
+def agree_max(values: Sequence[int]) -> list[int]:
+    """Element-wise maximum of ``values`` over all ranks (one all-reduce; identity in one process).
+
+    Every rank must pass a sequence of the same length.
+    """
+    values = [int(v) for v in values]
+    if not is_distributed() or not values:
+        return values
+    t = torch.tensor(values, dtype=torch.long, device=collective_device())
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return [int(v) for v in t.tolist()]
+
+
+def agree_sum(values: Sequence[float]) -> list[float]:
+    """Element-wise sum of ``values`` over all ranks in float64 (one all-reduce; identity in one process)."""
+    values = [float(v) for v in values]
+    if not is_distributed() or not values:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=collective_device())
+    torch.distributed.all_reduce(t)
+    return [float(v) for v in t.tolist()]
+
+
+def mean_over_ranks(metrics: Mapping[str, float]) -> dict[str, float]:
+    """Each key's mean over the ranks that have it (one ``all_gather_object``; identity in one process).
+
+    Keys may differ between ranks (a regime's per-source counts, say); a key is averaged over the ranks that
+    logged it, and the result is the same on every rank (so callbacks that plan from logged metrics agree).
+    """
+    if not is_distributed():
+        return dict(metrics)
+    gathered: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, {k: float(v) for k, v in metrics.items()})
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for part in gathered:
+        for k, v in part.items():
+            sums[k] = sums.get(k, 0.0) + v
+            counts[k] = counts.get(k, 0) + 1
+    return {k: sums[k] / counts[k] for k in sorted(sums)}
+
+
+def gather_objects(obj) -> list:
+    """``[obj of rank 0, obj of rank 1, ...]`` (``[obj]`` in one process)."""
+    if not is_distributed():
+        return [obj]
+    gathered: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, obj)
+    return gathered
+
+
+def rank_part(items: Sequence, rank: int, world_size: int) -> list:
+    """Rank ``rank``'s contiguous part of ``items`` split into ``world_size`` near-equal parts (sizes differ by at
+    most one; the first ``len % world_size`` parts are one longer). Parts may be empty."""
+    n, k = len(items), world_size
+    start = rank * (n // k) + min(rank, n % k)
+    return list(items[start : start + n // k + (1 if rank < n % k else 0)])
