@@ -209,6 +209,38 @@ def _mixed_precision(name: str | None):
     return MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
 
 
+_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def clean_name(name: str) -> str:
+    """A parameter name without FSDP / activation-checkpointing / compile wrapper components."""
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The model inside an FSDP root (``module`` itself when it is not one)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return module.module if isinstance(module, FullyShardedDataParallel) else module
+
+
+@torch.no_grad()
+def plain_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    """``module``'s parameters and persistent buffers under the names of the plain (unwrapped) model, copied.
+
+    Under FSDP call it inside :func:`full_params` (every rank); ``state_dict()`` of a module with nested FSDP units
+    would go through FSDP's own state-dict hooks instead (and under LoRA lose the adapters)."""
+    model = unwrap(module)
+    out = {clean_name(k): v.detach().clone() for k, v in model.named_parameters()}
+    for prefix, m in model.named_modules():
+        for name, buf in m._buffers.items():
+            if buf is not None and name not in m._non_persistent_buffers_set:
+                out.setdefault(clean_name(f"{prefix}.{name}" if prefix else name), buf.detach().clone())
+    return out
+
+
 def is_sharded(module: nn.Module) -> bool:
     from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -235,9 +267,10 @@ def generation_params(module: nn.Module):
 
     ``generate`` is a method of the wrapped Hugging Face model and calls the *inner* model, which would skip the
     unit's parameter gathering (and ``summon_full_params`` is not allowed inside the training step, which runs in
-    the root unit's forward). So, inside this context, the inner model's ``forward`` is routed through the FSDP
-    unit: every decoding step gathers the unit's parameters exactly as a training forward does, and the nested
-    decoder-layer units gather their own.
+    the root unit's forward). So, inside this context, the Hugging Face model's ``forward`` (under LoRA: the
+    peft model's base model) is routed through the FSDP unit: every decoding step gathers the unit's parameters
+    exactly as a training forward does (the peft forward then applies the adapters), and the nested decoder-layer
+    units gather their own.
     """
     from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -246,7 +279,9 @@ def generation_params(module: nn.Module):
             yield module
         return
     inner = module.module
-    original = inner.forward
+    # the model whose forward ``generate`` ends up calling: the Hugging Face model, also under a peft wrapper
+    target = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    original = target.forward
     depth = [0]
 
     def routed(*args, **kwargs):
@@ -258,11 +293,11 @@ def generation_params(module: nn.Module):
         finally:
             depth[0] -= 1
 
-    inner.forward = routed
+    target.forward = routed
     try:
         yield inner
     finally:
-        del inner.forward
+        del target.forward
 
 
 @torch.no_grad()

@@ -28,8 +28,7 @@ from mutual_rl.policies.spec import SamplingSpec  # noqa: E402
 from mutual_rl.policies.update import GRPOConfig, update_policy  # noqa: E402
 from mutual_rl.regimes.base import NLLTerm, TrainingPlan, split_rows  # noqa: E402
 from mutual_rl.rollout.hf import HFRolloutEngine  # noqa: E402
-from mutual_rl.rollout.vllm import clean_name  # noqa: E402
-from mutual_rl.strategies import shard_model  # noqa: E402
+from mutual_rl.strategies import clean_name, shard_model  # noqa: E402
 from tests.trainer.helpers import TASK, spec  # noqa: E402
 
 PROMPTS_PER_RANK, N, LR = 4, 4, 0.5

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from mutual_rl.data.task import ArithmeticTask
@@ -65,6 +66,7 @@ def test_two_rank_fsdp_fit(presets, tmp_path):
     specs = pair()
     policies = [{"name": s.name, "model": s.model, "optimizer": {"lr": 1e-3},
                  "sampling": {"n": 4, "max_new_tokens": 5}, "warmstart": {"steps": 20}} for s in specs]
+    policies[0]["lora"] = {"r": 4, "alpha": 8}  # gpt2 trains LoRA adapters (KL reference: adapters disabled)
     cfg = {
         "seed_everything": 0,
         "trainer": {
@@ -82,7 +84,8 @@ def test_two_rank_fsdp_fit(presets, tmp_path):
             ],
         },
         "model": {"policies": policies, "regime": "graft", "regime_args": {"delta": 0.0},
-                  "algorithm": {"num_mini_batches": 2, "micro_batch_size": 3},
+                  "reward": "tests.distributed.cli_reward:parity",
+                  "algorithm": {"num_mini_batches": 2, "micro_batch_size": 3, "kl_coef": 0.01},
                   "evaluation": {"k": 2, "max_new_tokens": 5}, "export_dir": str(tmp_path / "export")},
         "data": {"task": {k: v for k, v in TASK.items()}, "batch_size": 2, "val_batch_size": 3,
                  "val_per_skill": 4},
@@ -109,10 +112,16 @@ def test_two_rank_fsdp_fit(presets, tmp_path):
     ckpt = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)
     streams = ckpt["mutual_rl"]["rng_per_rank"]
     assert len(streams) == 2 and not torch.equal(streams[0]["torch"], streams[1]["torch"])
-    for name in ("gpt2", "llama"):  # exported from the gathered shards under the plain Hugging Face names
-        model, info = AutoModelForCausalLM.from_pretrained(tmp_path / "export" / name, output_loading_info=True)
-        assert not info["missing_keys"] and not info["unexpected_keys"], (name, info, log[-2000:])
-        assert all(p.dim() == 0 or p.numel() > 0 for p in model.parameters())
+    trained = [r for r in rows if r.get("gpt2/grad_norm")]
+    assert len(trained) == 2 and all(float(r["gpt2/grad_norm"]) > 0 and float(r["llama/grad_norm"]) > 0
+                                     for r in trained)
+    # exported from the gathered shards under the plain Hugging Face names: llama whole, gpt2's LoRA adapters
+    model, info = AutoModelForCausalLM.from_pretrained(tmp_path / "export" / "llama", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], (info, log[-2000:])
+    adapters = load_file(tmp_path / "export" / "gpt2" / "adapter_model.safetensors")
+    assert len(adapters) == 2 * 4 * 4 and all("lora_" in k and "_fsdp" not in k and v.numel() > 0
+                                              for k, v in adapters.items())
+    assert any(float(v.abs().max()) > 0 for k, v in adapters.items() if "lora_B" in k)  # trained (B starts at 0)
     # resume on two ranks from the full checkpoint (model, optimizers, data position, per-rank streams)
     _run([sys.executable, "-m", "mutual_rl.cli", "fit", "--config", str(path), "--trainer.max_steps", "3",
           "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt")], timeout=600, MASTER_PORT=str(_free_port()))

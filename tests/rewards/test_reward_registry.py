@@ -47,3 +47,15 @@ def test_reward_result_is_frozen():
     r = RewardResult(1.0, "ok")
     with pytest.raises(AttributeError):
         r.value = 0.0  # type: ignore[misc]
+
+
+def test_import_path_names_your_own_function():
+    from tests.distributed.cli_reward import parity
+
+    assert get_reward("tests.distributed.cli_reward:parity") is parity
+    with pytest.raises(ValueError, match="cannot import 'nope'.*package.module:function"):
+        get_reward("tests.distributed.cli_reward:nope")
+    with pytest.raises(ValueError, match="cannot import"):
+        get_reward("no_such_module_xyz:fn")
+    with pytest.raises(ValueError, match="not callable"):
+        get_reward("tests.distributed.cli_reward:__doc__")

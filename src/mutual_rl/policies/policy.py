@@ -118,8 +118,26 @@ class Policy(nn.Module):
             raise RuntimeError(f"policy {self.name!r} has no KL reference (kl_coef is 0).")
 
     def export(self, path) -> None:
-        """Hugging Face format: full weights, or only the LoRA adapters (peft) when LoRA is on."""
-        self.model.save_pretrained(path)
+        """Hugging Face format: full weights, or only the LoRA adapters (peft) when LoRA is on. Under FSDP call it
+        inside ``strategies.full_params(policy.model)``."""
+        from pathlib import Path
+
+        from mutual_rl.strategies import clean_name, plain_state_dict, unwrap
+
+        model = unwrap(self.model)
+        if self.spec.lora is not None and model is not self.model:
+            # LoRA under FSDP: peft selects adapter tensors by its layers' module names, which carry FSDP's wrapper
+            # components; select with those names, then save them under the plain ones in peft's format
+            from peft.utils import get_peft_model_state_dict
+            from safetensors.torch import save_file
+
+            raw = {k: v.detach().clone() for k, v in model.named_parameters()}
+            adapters = {clean_name(k): v.contiguous() for k, v in get_peft_model_state_dict(model, raw).items()}
+            Path(path).mkdir(parents=True, exist_ok=True)
+            save_file(adapters, str(Path(path) / "adapter_model.safetensors"), metadata={"format": "pt"})
+            model.peft_config[model.active_adapter].save_pretrained(str(path))
+        else:
+            model.save_pretrained(path, state_dict=plain_state_dict(self.model))
         self.tokenizer.save_pretrained(path)
 
 

@@ -49,12 +49,27 @@ def available_rewards() -> list[str]:
 
 
 def get_reward(name: str) -> RewardFn:
-    """The reward function registered as ``name``; an unknown name raises ``ValueError`` listing the choices."""
+    """The reward function registered as ``name``, or ``"package.module:function"`` (your own
+    ``fn(completion, answer) -> float``, importable in every process); an unknown name raises ``ValueError``
+    listing the choices."""
+    if ":" in name:
+        import importlib
+
+        module_name, _, attr = name.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"reward {name!r}: cannot import {attr!r} from {module_name!r} ({e}); give "
+                             "'package.module:function' importable from the working directory, or one of: "
+                             f"{', '.join(available_rewards())}") from None
+        if not callable(fn):
+            raise ValueError(f"reward {name!r} is not callable; give a function fn(completion, answer) -> float.")
+        return fn
     try:
         return _REGISTRY[name]
     except KeyError:
         raise ValueError(
-            f"unknown reward {name!r}; choose one of: {', '.join(available_rewards())}"
+            f"unknown reward {name!r}; choose one of: {', '.join(available_rewards())} (or 'package.module:function')"
         ) from None
 
 

@@ -47,6 +47,7 @@ import torch
 
 from mutual_rl.data.task import Problem
 from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.strategies import clean_name
 from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Rollout
 
@@ -144,16 +145,6 @@ def compare_probe(trainer_logp: Sequence[torch.Tensor], engine_logp: Sequence[to
             "engine is not sampling from the trained weights (see TRL #5312, verl #7495). Check the weight names, "
             "LoRA merge and dtype, or raise rollout_engine_args.probe_tolerance if the gap is numeric noise.")
     return out
-
-
-_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
-
-
-def clean_name(name: str) -> str:
-    """A parameter name without FSDP / activation-checkpointing / compile wrapper components."""
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
 
 
 @torch.no_grad()
