@@ -29,7 +29,7 @@ from mutual_rl.policies.update import GRPOConfig, update_policy
 from mutual_rl.regimes import get_regime
 from mutual_rl.rewards import get_reward
 from mutual_rl.rollout import get_engine
-from mutual_rl.strategies import full_params
+from mutual_rl.strategies import full_params, has_activation_checkpointing
 from mutual_rl.types import PromptBatch, ScoredGroup
 
 # Lightning warnings that do not apply here: the data module resumes its stream itself (mark_consumed /
@@ -311,7 +311,9 @@ class MutualRLModule(LightningModule):
 
     def on_fit_start(self) -> None:
         for policy in self.policies.values():
-            if lockstep_needed(policy.model):  # FSDP, several ranks: one forward per response_logp call, always
+            # FSDP over several ranks: one forward per response_logp call, always (lockstep). Activation
+            # checkpointing: the shared prompt's key/value cache would be appended to again when recomputed.
+            if lockstep_needed(policy.model) or has_activation_checkpointing(policy.model):
                 policy.share_prompts = False
 
     def on_train_start(self) -> None:

@@ -241,6 +241,11 @@ def plain_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def has_activation_checkpointing(module: nn.Module) -> bool:
+    """Some submodule of ``module`` is wrapped for activation checkpointing (recomputed in backward)."""
+    return any(type(m).__name__ == "CheckpointWrapper" for m in module.modules())
+
+
 def is_sharded(module: nn.Module) -> bool:
     from torch.distributed.fsdp import FullyShardedDataParallel
 

@@ -1,7 +1,8 @@
 """Two CPU ranks (gloo) with real FSDP: the sharded update equals the one-process update on the union of the ranks'
-rows, and ``mutual-rl fit`` with ``MutualFSDPStrategy`` trains on per-rank prompts (GRAFT, whose data-dependent
-forward counts differ between ranks), evaluates each held-out problem once, stores every rank's traffic,
-checkpoints each rank's sampling stream and exports both policies."""
+rows, and ``mutual-rl fit`` with ``MutualFSDPStrategy`` (activation checkpointing on; a LoRA policy and a full one,
+KL on) trains on per-rank prompts (GRAFT, whose data-dependent forward counts differ between ranks), evaluates each
+held-out problem once, stores every rank's traffic, checkpoints each rank's sampling stream, resumes, and exports
+both policies."""
 
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def test_two_rank_fsdp_fit(presets, tmp_path):
                        "init_args": {"save_dir": str(tmp_path), "name": "csv", "version": 0}},
             "enable_model_summary": False, "num_sanity_val_steps": 0,
             "default_root_dir": str(tmp_path),
-            "strategy": {"class_path": "mutual_rl.strategies.MutualFSDPStrategy"},
+            "strategy": {"class_path": "mutual_rl.strategies.MutualFSDPStrategy",
+                         "init_args": {"activation_checkpointing": True}},
             "callbacks": [
                 {"class_path": "mutual_rl.exchange.ExperienceExchange",
                  "init_args": {"store_dir": str(tmp_path / "traffic")}},

@@ -101,7 +101,7 @@ class Policy(nn.Module):
                              position_ids=pos[:, prompt_w:], past_key_values=cache, use_cache=True,
                              logits_to_keep=width)
                 return torch.cat([out.logits[:, -1:][inverse], rest.logits[:, :-1]], dim=1)
-        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
+        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False,
                      logits_to_keep=width + 1).logits[:, :-1]
 
     @contextlib.contextmanager

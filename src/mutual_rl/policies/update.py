@@ -197,22 +197,23 @@ def update_policy(
             mb = batch.select(mbi.rows) if mbi.rows else None
             zero_grad()
             for k in range(mbi.num_parts):
-                if k >= len(mbi.parts):  # lockstep dummy: same passes, zero loss
-                    dummy = policy.dummy_logp(temperature)
+                # the KL reference runs first: no other forward may come between a forward and its backward
+                # (activation checkpointing recomputes that forward, and LoRA's reference is the same modules)
+                if k >= len(mbi.parts):  # lockstep dummy: same passes in the same order, zero loss
                     if cfg.kl_coef:
                         with torch.no_grad():
                             policy.dummy_logp(temperature, reference=True)
-                    backward(dummy.sum() * 0.0)
+                    backward(policy.dummy_logp(temperature).sum() * 0.0)
                     continue
                 sub = mb.select(mbi.parts[k])
-                logp, entropy = policy.response_logp(
-                    sub.input_ids, sub.attention_mask, mb.response_width, temperature, with_entropy=True
-                )
                 ref = None
                 if cfg.kl_coef:
                     with torch.no_grad():
                         ref, _ = policy.response_logp(sub.input_ids, sub.attention_mask, mb.response_width,
                                                       temperature, reference=True)
+                logp, entropy = policy.response_logp(
+                    sub.input_ids, sub.attention_mask, mb.response_width, temperature, with_entropy=True
+                )
                 loss, m = objective(logp, sub, cfg=cfg, token_count=mbi.token_count, num_seqs=mbi.num_seqs,
                                     max_len=mbi.max_len, ref_logp=ref, **plan.objective_kwargs)
                 backward(loss)
