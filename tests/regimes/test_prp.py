@@ -68,8 +68,7 @@ def test_peer_aligned_rows_carry_the_aligned_trace():
     torch.testing.assert_close(b.old_logp[3, :3], torch.tensor([-2.0, -2.0, -2.0]))
     assert b.old_logp[3, 3:].eq(0).all()
     assert b.extras["tis"].tolist() == [0.0, 0.0, 1.0, 1.0]
-    assert torch.equal(b.extras["behaviour_logp"][2:], b.old_logp[2:])
-    assert b.extras["behaviour_logp"][:2].eq(0).all()
+    assert set(b.extras) == {"tis"}  # the aligned trace is the peer rows' old_logp, kept by the update
     assert plan.objective == "prp_tis" and plan.objective_kwargs == {"is_cap": 3.0}
     # span granularity: "12"+" "+"34" per character, identical spans -> the source trace unchanged
     plan = get_regime("prp", denominator="peer_aligned", granularity="span").plan(recv, own, peers, 1)
@@ -132,12 +131,11 @@ def tiny_batch(agg_rows=2, T=3):
     """Row 0: own (Â = -1, old = logp -> ρ = 1); row 1: peer (Â = 2, behaviour ℓ̃ = [-1, -1, -0.5])."""
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
     logp0 = torch.tensor([[-0.7, -0.2, 0.0], [-0.5, -2.0, -0.5]])
-    behaviour = torch.tensor([[0.0, 0.0, 0.0], [-1.0, -1.0, -0.5]])
     batch = PolicyBatch(
         input_ids=torch.zeros(2, 5, dtype=torch.long), attention_mask=torch.ones(2, 5, dtype=torch.long),
-        response_mask=mask, old_logp=torch.tensor([[-0.7, -0.2, 0.0], [-9.0, -9.0, -9.0]]),  # row 1 ignored
+        response_mask=mask, old_logp=torch.tensor([[-0.7, -0.2, 0.0], [-1.0, -1.0, -0.5]]),  # row 1: ℓ̃
         advantages=torch.tensor([-1.0, 2.0]), weights=torch.ones(2), is_peer=torch.tensor([False, True]),
-        prompt_ids=[0, 0], extras={"tis": torch.tensor([0.0, 1.0]), "behaviour_logp": behaviour},
+        prompt_ids=[0, 0], extras={"tis": torch.tensor([0.0, 1.0])},
     )
     return batch, logp0
 
@@ -233,7 +231,7 @@ def test_update_on_a_tiny_policy(denominator):
             for p, b0 in zip(params, before):  # the policy before the step
                 p.copy_(b0)
             logp, _ = policy.response_logp(sub.input_ids, sub.attention_mask, plan.batch.response_width, 1.0)
-            rho = torch.exp(logp - sub.extras["behaviour_logp"])
+            rho = torch.exp(logp - sub.old_logp)
             mask = sub.response_mask
         assert m["peer/ratio_mean"] == pytest.approx(float((rho * mask).sum() / mask.sum()), rel=1e-4)
         assert m["peer/is_trunc_frac"] == pytest.approx(float(((rho > 2.0) * mask).sum() / mask.sum()), abs=1e-6)

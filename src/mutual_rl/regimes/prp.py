@@ -17,9 +17,9 @@ As implemented, for receiver ``R`` and each prompt ``q`` of its batch:
      first mini-batch), then the standard ``dapo`` objective applies to every row.
    - ``peer_aligned``: the behaviour probability of a peer token ``t`` is ``exp(ℓ̃_t)``, the source trace
      aligned onto ``R``'s tokens by the THL (``granularity``, mass-preserving). The rows carry ``ℓ̃`` as their
-     ``old_logp`` and, because ``algorithm.old_logp = recompute`` overwrites ``old_logp`` of every row, also in
-     ``extras["behaviour_logp"]`` (``[B, T]``, 0 on own rows), which the objective reads; ``extras["tis"]``
-     (``[B]`` float, 1 on peer rows) selects the rule. Objective ``prp_tis`` (below), with ``is_cap``.
+     ``old_logp`` (the update never recomputes peer rows that are not marked ``needs_old_logp``, whatever
+     ``algorithm.old_logp`` says); ``extras["tis"]`` (``[B]`` float, 1 on peer rows) selects the rule. Objective
+     ``prp_tis`` (below), with ``is_cap``.
 
 Truncated importance sampling *(ours; the paper says "truncated importance weights" without an equation)*,
 objective ``prp_tis``, per peer token with ``ρ_t = exp(clamp(logp_t − ℓ̃_t, ±20))``, ``C = is_cap``::
@@ -117,7 +117,6 @@ class PRP(Regime):
         objective, kwargs = "dapo", {}
         if aligned and n_peer:
             batch.extras["tis"] = is_peer.float()
-            batch.extras["behaviour_logp"] = batch.old_logp * is_peer.unsqueeze(-1)
             objective, kwargs = "prp_tis", {"is_cap": self.is_cap}
         pa = torch.cat(peer_adv)
         metrics = {
@@ -159,7 +158,7 @@ def truncated_is_terms(logp, behaviour_logp, advantages, mask, is_cap, agg, weig
 def prp_tis(logp, sub, *, cfg, token_count, num_seqs, max_len, ref_logp=None, is_cap=2.0):
     """PRP ``peer_aligned``: DAPO on own rows + truncated IS against the aligned peer trace on peer rows.
 
-    Rows with ``sub.extras["tis"] > 0`` use ``sub.extras["behaviour_logp"]`` as behaviour log-probs (module doc);
+    Rows with ``sub.extras["tis"] > 0`` use their ``old_logp`` (the aligned peer trace) as behaviour log-probs;
     the two parts share the global normalisers, so the sum is micro-batch invariant.
     """
     mask = sub.response_mask
@@ -182,15 +181,14 @@ def prp_tis(logp, sub, *, cfg, token_count, num_seqs, max_len, ref_logp=None, is
     if len(peer_rows):
         part = sub.select(peer_rows)
         peer_loss, m = truncated_is_terms(
-            logp[peer_rows], part.extras["behaviour_logp"], part.advantages, part.response_mask, is_cap, cfg.agg,
+            logp[peer_rows], part.old_logp, part.advantages, part.response_mask, is_cap, cfg.agg,
             part.weights, max_len, token_count, num_seqs,
             ref_logp[peer_rows] if kl_on else None, cfg.kl_coef, cfg.kl_kind,
         )
         loss = loss + peer_loss
         metrics.update(m)
     with torch.no_grad():
-        behaviour = torch.where(tis.unsqueeze(-1), sub.extras["behaviour_logp"], sub.old_logp)
-        metrics["approx_kl"] = masked_mean(kl_penalty(behaviour, logp.detach(), "k3"), mask)
+        metrics["approx_kl"] = masked_mean(kl_penalty(sub.old_logp, logp.detach(), "k3"), mask)
         if ref_logp is not None:
             metrics["kl"] = masked_mean(kl_penalty(logp.detach(), ref_logp, cfg.kl_kind), mask)
         metrics["num_tokens"] = mask.sum()
