@@ -73,11 +73,13 @@ def agree_sum(values: Sequence[float]) -> list[float]:
     return [float(v) for v in t.tolist()]
 
 
-def mean_over_ranks(metrics: Mapping[str, float]) -> dict[str, float]:
-    """Each key's mean over the ranks that have it (one ``all_gather_object``; identity in one process).
+def mean_over_ranks(metrics: Mapping[str, float], sum_prefixes: Sequence[str] = ()) -> dict[str, float]:
+    """Metrics reduced over ranks (one ``all_gather_object``; identity in one process); the result is the same
+    on every rank (so callbacks that plan from logged metrics agree).
 
-    Keys may differ between ranks (a regime's per-source counts, say); a key is averaged over the ranks that
-    logged it, and the result is the same on every rank (so callbacks that plan from logged metrics agree).
+    Keys starting with one of ``sum_prefixes`` are counts: summed over ranks, a rank without the key counting 0
+    (so flow counts still add up: consumed + dropped = delivered). Every other key is a per-rank value averaged
+    over the ranks that logged it (a regime's per-source statistic may exist on some ranks only).
     """
     if not is_distributed():
         return dict(metrics)
@@ -89,7 +91,8 @@ def mean_over_ranks(metrics: Mapping[str, float]) -> dict[str, float]:
         for k, v in part.items():
             sums[k] = sums.get(k, 0.0) + v
             counts[k] = counts.get(k, 0) + 1
-    return {k: sums[k] / counts[k] for k in sorted(sums)}
+    prefixes = tuple(sum_prefixes)
+    return {k: sums[k] if prefixes and k.startswith(prefixes) else sums[k] / counts[k] for k in sorted(sums)}
 
 
 def gather_objects(obj) -> list:
@@ -98,6 +101,16 @@ def gather_objects(obj) -> list:
         return [obj]
     gathered: list = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, obj)
+    return gathered
+
+
+def gather_to_zero(obj) -> list | None:
+    """``[obj of rank 0, obj of rank 1, ...]`` on rank 0, ``None`` elsewhere (``[obj]`` in one process)."""
+    if not is_distributed():
+        return [obj]
+    rank = torch.distributed.get_rank()
+    gathered: list | None = [None] * torch.distributed.get_world_size() if rank == 0 else None
+    torch.distributed.gather_object(obj, gathered, dst=0)
     return gathered
 
 

@@ -199,7 +199,9 @@ class MutualRLModule(LightningModule):
                 else:
                     metrics[f"{spec.name}/{k}"] = float(v)
         metrics.update(ex.end_step())
-        metrics = mean_over_ranks(metrics)  # several processes: every rank logs (and plans from) the same values
+        # several processes: every rank logs (and plans from) the same values; exchange counts are global totals,
+        # everything else per-rank means (per-policy token counts: per rank, see ResourceAllocation)
+        metrics = mean_over_ranks(metrics, sum_prefixes=("exchange/",))
         self._advance_step_counter()
         dm = self._datamodule()
         if dm is not None and hasattr(dm, "mark_consumed"):
@@ -286,6 +288,8 @@ class MutualRLModule(LightningModule):
     # --------------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available():  # sampling on GPUs draws from the accelerator's generators
+            rng["cuda"] = torch.cuda.get_rng_state_all()
         checkpoint["mutual_rl"] = {
             "rng": rng,
             "rng_per_rank": gather_objects(rng),  # several processes: each rank resumes its own sampling stream
@@ -310,6 +314,10 @@ class MutualRLModule(LightningModule):
                 self.regimes[name].load_state_dict(r_state)
 
     def on_fit_start(self) -> None:
+        if rank_and_world()[1] > 1 and not all(lockstep_needed(p.model) for p in self.policies.values()):
+            raise ValueError("training with several processes needs trainer.strategy MutualFSDPStrategy "
+                             "(mutual_rl.strategies): each rank trains its own prompts, and only that strategy keeps "
+                             "the ranks' passes in lockstep with global loss normalisers. DDP is not supported.")
         for policy in self.policies.values():
             # FSDP over several ranks: one forward per response_logp call, always (lockstep). Activation
             # checkpointing: the shared prompt's key/value cache would be appended to again when recomputed.
@@ -320,6 +328,9 @@ class MutualRLModule(LightningModule):
         if self._rng_to_restore is not None:  # after every restore step, so nothing else consumes it first
             torch.set_rng_state(self._rng_to_restore["torch"])
             random.setstate(self._rng_to_restore["python"])
+            cuda = self._rng_to_restore.get("cuda")
+            if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(cuda)
             self._rng_to_restore = None
         elif self.global_step == 0:
             self._offset_rng_per_rank = True

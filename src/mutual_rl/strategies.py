@@ -287,6 +287,7 @@ def generation_params(module: nn.Module):
     # the model whose forward ``generate`` ends up calling: the Hugging Face model, also under a peft wrapper
     target = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
     original = target.forward
+    own = target.__dict__.get("forward")  # an instance-level forward set by someone else (hooks): put it back
     depth = [0]
 
     def routed(*args, **kwargs):
@@ -302,7 +303,10 @@ def generation_params(module: nn.Module):
     try:
         yield inner
     finally:
-        del target.forward
+        if own is None:
+            del target.forward
+        else:
+            target.forward = own
 
 
 @torch.no_grad()
@@ -319,18 +323,14 @@ def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, sharded: bool =
     grads = [p.grad for p in params if p.grad is not None]
     if not (sharded and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    if grads:
-        device = grads[0].device
-    else:
-        from mutual_rl.distributed import collective_device
+    from mutual_rl.distributed import collective_device
 
-        device = collective_device()
-    local = torch.zeros((), dtype=torch.float32, device=device)
+    local = torch.zeros((), dtype=torch.float32, device=collective_device())  # grads may be offloaded to CPU
     for g in grads:
-        local += g.detach().float().pow(2).sum()
+        local += g.detach().float().pow(2).sum().to(local.device)
     dist.all_reduce(local)
     total = local.sqrt()
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
     for g in grads:
-        g.mul_(coef.to(g.dtype))
+        g.mul_(coef.to(device=g.device, dtype=g.dtype))
     return total

@@ -80,3 +80,17 @@ def test_batches_carry_their_stream_offset():
     batches = [b for _, b in zip(range(3), iter(dm.train_dataloader()))]
     assert [b.offset for b in batches] == [0, 8, 16] and dm.rank_and_world() == (0, 1)
     assert "offset=8" in repr(batches[1]) and batches[1] == batches[1] and batches[0] != batches[1]
+
+
+def test_resume_with_another_global_batch_skips_nothing_twice():
+    """A checkpoint from 8 prompts per step resumed with 5: 3 steps = 24 prompts consumed -> batch ceil(24/5) = 5."""
+    old = PromptDataModule(ArithmeticTask(**TASK), batch_size=8)
+    old.mark_consumed(2)
+    state = old.state_dict()
+    assert state["prompts_per_batch"] == 8
+    new = PromptDataModule(ArithmeticTask(**TASK), batch_size=5)
+    new.load_state_dict(state)
+    assert new.next_batch == 5
+    same = PromptDataModule(ArithmeticTask(**TASK), batch_size=8)
+    same.load_state_dict({"next_batch": 3, "seed": 0})  # a checkpoint from before the field existed
+    assert same.next_batch == 3

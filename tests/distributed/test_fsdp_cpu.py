@@ -114,6 +114,12 @@ def test_two_rank_fsdp_fit(presets, tmp_path):
     ckpt = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)
     streams = ckpt["mutual_rl"]["rng_per_rank"]
     assert len(streams) == 2 and not torch.equal(streams[0]["torch"], streams[1]["torch"])
+    for r in rows:  # exchange counts are global totals: every flow still adds up over the ranks
+        for flow in ("gpt2->llama", "llama->gpt2"):
+            if r.get(f"exchange/{flow}/delivered"):
+                dropped = sum(float(v) for k, v in r.items() if k.startswith(f"exchange/{flow}/dropped/") and v)
+                assert float(r[f"exchange/{flow}/consumed"]) + dropped == float(r[f"exchange/{flow}/delivered"])
+                assert float(r[f"exchange/{flow}/delivered"]) == 2 * 2 * 4  # both ranks' peer responses
     trained = [r for r in rows if r.get("gpt2/grad_norm")]
     assert len(trained) == 2 and all(float(r["gpt2/grad_norm"]) > 0 and float(r["llama/grad_norm"]) > 0
                                      for r in trained)

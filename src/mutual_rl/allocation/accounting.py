@@ -48,13 +48,14 @@ class Accounting:
 
 
 def step_usage(
-    metrics: dict[str, float], name: str, *, num_prompts: int, n: int, updated: bool, devices: int,
+    metrics: dict[str, float], name: str, *, num_prompts: int, n: int, updated: bool, devices: int, ranks: int = 1,
 ) -> PolicyUsage:
     """One step's usage of policy ``name`` from the module's logged metrics (``<name>/<key>``).
 
     Reads ``response_length`` (mean response tokens), ``gen_s`` (or ``gen_tokens_per_s``), ``trained_tokens``
     and ``train_s`` (or ``train_tokens_per_s``). Seconds derived from a throughput are exact inversions of how
-    the module computes it; a missing metric counts 0.
+    the module computes it; a missing metric counts 0. ``num_prompts``: all ranks' prompts; ``ranks``: the
+    number of processes whose per-rank mean ``trained_tokens`` the metrics hold (trained tokens = mean x ranks).
     """
     def get(key: str) -> float:
         v = metrics.get(f"{name}/{key}")
@@ -62,7 +63,7 @@ def step_usage(
 
     generated = get("response_length") * n * num_prompts
     gen_s = get("gen_s") if f"{name}/gen_s" in metrics else _seconds(generated, get("gen_tokens_per_s"))
-    trained = get("trained_tokens") if updated else 0.0
+    trained = get("trained_tokens") * ranks if updated else 0.0
     if not updated:
         train_s = 0.0
     elif f"{name}/train_s" in metrics:

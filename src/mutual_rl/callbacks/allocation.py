@@ -11,7 +11,8 @@ Hooks:
   ``<name>/response_length``, ``<name>/gen_tokens_per_s`` or ``gen_s``, ``<name>/trained_tokens``,
   ``<name>/train_tokens_per_s`` or ``train_s``) from ``trainer.callback_metrics``, updates the all-fail EMA
   used by the adaptive plan and the accounting totals, and logs ``alloc/<name>/n``, ``alloc/<name>/update`` and
-  ``alloc/<name>/<field>_total``.
+  ``alloc/<name>/<field>_total``. With several processes the totals are over all ranks (each rank trains its own
+  prompts; the module logs per-rank means).
 * ``state_dict`` / ``load_state_dict``: the accounting totals, the all-fail EMA and the step count, so a resumed
   run plans and counts exactly as an uninterrupted one would (DESIGN rule 11).
 
@@ -127,9 +128,13 @@ class ResourceAllocation(Callback):
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if _scalar(v)}
         num_prompts = len(getattr(batch, "problems", ()) or ())
         log: dict[str, float] = {}
+        world = max(int(getattr(trainer, "world_size", 1) or 1), 1)
         for name, b in self.current.items():
-            devices = max(int(getattr(trainer, "world_size", 1) or 1), 1) if b.placement == COLOCATE else 1
-            usage = step_usage(metrics, name, num_prompts=num_prompts, n=b.n, updated=b.update, devices=devices)
+            devices = world if b.placement == COLOCATE else 1
+            # the logged metrics are per-rank means and every rank generates and trains on its own prompts:
+            # tokens are per rank times the ranks
+            usage = step_usage(metrics, name, num_prompts=num_prompts * world, n=b.n, updated=b.update,
+                               devices=devices, ranks=world)
             self.accounting.add(name, usage)
             fail = metrics.get(f"{name}/all_fail_frac")
             if fail is not None:

@@ -171,7 +171,14 @@ class PromptDataModule(LightningDataModule):
         self.next_batch = index + 1
 
     def state_dict(self) -> dict:
-        return {"next_batch": self.next_batch, "seed": self.seed}
+        return {"next_batch": self.next_batch, "seed": self.seed, "prompts_per_batch":
+                self.batch_size * self.rank_and_world()[1]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.next_batch = int(state["next_batch"])
+        """Resume at the next unseen prompt. When the global batch (``batch_size`` x processes) changed since the
+        checkpoint, the stream position is converted through the number of prompts consumed, rounded up to a
+        whole batch: at most one batch worth of prompts is skipped, none is repeated."""
+        per = int(state.get("prompts_per_batch", self.batch_size * self.rank_and_world()[1]))
+        now = self.batch_size * self.rank_and_world()[1]
+        consumed = int(state["next_batch"]) * per
+        self.next_batch = -(-consumed // now)

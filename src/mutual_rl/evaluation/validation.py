@@ -97,7 +97,10 @@ class Evaluator:
         self._saved = None
 
     def start(self, seed: int) -> None:
-        self._saved = (torch.get_rng_state(), random.getstate())
+        # torch.manual_seed also seeds the accelerator's generators: save and restore those too, so an evaluation
+        # leaves every rank's own training stream where it was
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        self._saved = (torch.get_rng_state(), random.getstate(), cuda)
         torch.manual_seed(seed)
         random.seed(seed)
         self._results = defaultdict(list)
@@ -126,6 +129,8 @@ class Evaluator:
         if self._saved is not None:
             torch.set_rng_state(self._saved[0])
             random.setstate(self._saved[1])
+            if self._saved[2] is not None:
+                torch.cuda.set_rng_state_all(self._saved[2])
             self._saved = None
         local_skills = {name: sorted({r.skill for r in rs}) for name, rs in self._results.items()}
         skills = _union(local_skills)  # same keys on every rank, so every rank reduces the same metrics

@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from mutual_rl.distributed import gather_objects
+from mutual_rl.distributed import gather_to_zero
 from mutual_rl.exchange.records import (
     GROUP_KINDS,
     Record,
@@ -266,8 +266,8 @@ class ExchangeBus:
             records = [r for gs in self._published.values() for g in gs for r in records_from_group(g)]
             # several processes: every rank trained its own prompts; the writer stores all ranks' traffic (in rank
             # order), so nothing a rank published is missing from the step file
-            parts = gather_objects((records + self._traces, {f: dict(c) for f, c in flows.items()}))
-            if self.is_writer:
+            parts = gather_to_zero((records + self._traces, {f: dict(c) for f, c in flows.items()}))
+            if self.is_writer and parts is not None:
                 merged: dict[str, Counter] = {}
                 for _, part_flows in parts:
                     for f, c in part_flows.items():

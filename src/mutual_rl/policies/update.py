@@ -98,7 +98,7 @@ def recompute_old_logp(policy, batch: PolicyBatch, rows: list[int], temperature:
 def nll_loss(policy, nll: NLLTerm, rows: list[int], temperature: float,
              num_rows: float | None = None) -> tuple[torch.Tensor, float]:
     """``coef · sum_rows[token-mean NLL] / num_rows`` of ``rows`` of the NLL batch (``num_rows``: ``len(rows)``
-    in one process, the global row count over the world size under FSDP), and the unscaled local mean NLL."""
+    in one process, the global row count under FSDP), and the unscaled local mean NLL."""
     sub = nll.batch.select(rows)
     logp, _ = policy.response_logp(sub.input_ids, sub.attention_mask, nll.batch.response_width, temperature)
     per_seq = -(logp * sub.response_mask).sum(-1) / sub.response_mask.sum(-1).clamp(min=1)
@@ -117,6 +117,7 @@ class _MiniBatch:
     num_seqs: float
     max_len: int
     nll_num_rows: float | None = None
+    scale: float = 1.0  # loss multiplier: the world size under lockstep (FSDP averages gradients over ranks)
     num_parts: int = 0  # forwards to run (>= len(parts) under lockstep; the rest are dummies)
     nll_pass: bool = False  # whether an NLL forward/backward runs (a dummy one if nll_rows is empty)
 
@@ -126,9 +127,10 @@ def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: 
 
     In one process the normalisers are the mini-batch's own (METHODS §1). Under FSDP lockstep the ranks hold
     different rows of one global mini-batch ``i`` (rank ``r``'s ``i``-th mini-batch): counts are agreed so that every
-    rank runs the same number of mini-batches, forwards and NLL passes, and the token-mean / sequence-mean
-    normalisers are the *global* counts divided by the world size. FSDP averages gradients over ranks, so the
-    update equals the one-process update on the union of the ranks' rows (tested in tests/distributed).
+    rank runs the same number of mini-batches, forwards and NLL passes, the token-mean / sequence-mean / NLL
+    normalisers are the *global* counts, and each rank's loss is multiplied by the world size (``scale``). FSDP
+    averages gradients over ranks, so the update equals the one-process update on the union of the ranks' rows
+    (tested in tests/distributed); the normalisers' floors of 1 apply to the global counts, as in one process.
     """
     batch = plan.batch
     nll_mbs = plan.nll.mini_batches if plan.nll is not None else []
@@ -153,9 +155,10 @@ def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: 
                      + [len(mb.nll_rows) for mb in out])
     for i, mb in enumerate(out):
         mb.num_parts, mb.nll_pass, mb.max_len = maxes[i], bool(maxes[m + i]), maxes[2 * m + i]
-        mb.token_count = torch.tensor(sums[i] / world)
-        mb.num_seqs = sums[m + i] / world
-        mb.nll_num_rows = sums[2 * m + i] / world
+        mb.token_count = torch.tensor(sums[i])
+        mb.num_seqs = sums[m + i]
+        mb.nll_num_rows = sums[2 * m + i]
+        mb.scale = float(world)
     return out
 
 
@@ -216,6 +219,7 @@ def update_policy(
                 )
                 loss, m = objective(logp, sub, cfg=cfg, token_count=mbi.token_count, num_seqs=mbi.num_seqs,
                                     max_len=mbi.max_len, ref_logp=ref, **plan.objective_kwargs)
+                loss = loss * mbi.scale
                 backward(loss)
                 n_tok = float(sub.response_mask.sum())
                 tokens_seen += n_tok
@@ -229,6 +233,7 @@ def update_policy(
             if mbi.nll_pass:
                 if mbi.nll_rows:
                     extra, mean_nll = nll_loss(policy, plan.nll, mbi.nll_rows, temperature, mbi.nll_num_rows)
+                    extra = extra * mbi.scale
                     steps_metrics["nll"] += mean_nll
                     steps_metrics["loss"] += float(extra.detach())
                 else:  # lockstep dummy (another rank has NLL rows in this mini-batch)

@@ -48,6 +48,7 @@ from collections.abc import Sequence
 import torch
 
 from mutual_rl.algorithms import kl_penalty
+from mutual_rl.distributed import agree_max, agree_sum
 from mutual_rl.policies.batch import collate
 from mutual_rl.policies.objectives import register_objective
 from mutual_rl.regimes.base import Regime, TrainingPlan, register_regime, split_rows
@@ -197,14 +198,17 @@ class HACPO(Regime):
         self.updates = {k: int(v) for k, v in state.get("updates", {}).items()}
 
     def observe(self, policy: str, groups: Sequence) -> None:
-        """Add ``policy``'s positive-reward rate of this step (its groups) to its window."""
-        if not groups:
+        """Add ``policy``'s positive-reward rate of this step (its groups) to its window.
+
+        With several processes the rate is over all ranks' groups (every rank calls this for the same policies
+        in the same order, so the sum is a collective they all join), and the windows stay identical on every
+        rank."""
+        rewards = torch.cat([g.rewards for g in groups]) if groups else torch.zeros(0)
+        positive, total = agree_sum([float((rewards > self.success_threshold).sum()), float(rewards.numel())])
+        step = agree_max([int(groups[0].rollouts[0].step) if groups and groups[0].rollouts else -1])[0]
+        if total == 0:
             return
-        rewards = torch.cat([g.rewards for g in groups])
-        if rewards.numel() == 0:
-            return
-        rate = float((rewards > self.success_threshold).double().mean())
-        step = int(groups[0].rollouts[0].step) if groups[0].rollouts else -1
+        rate = positive / total
         win = self.windows.setdefault(policy, [])
         if win and win[-1][0] == step:
             win[-1] = (step, rate)
