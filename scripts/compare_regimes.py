@@ -19,6 +19,7 @@ Usage::
     python scripts/compare_regimes.py --name embedded                 # 7 regimes x 3 seeds, 400 steps
     python scripts/compare_regimes.py --name smoke --smoke            # 2 steps, 1 seed, tiny warm-up
     python scripts/compare_regimes.py --name embedded --report-only   # rebuild table/plots from finished runs
+    python scripts/compare_regimes.py --name ws1500 --warmstart-steps 1500 --regimes grpo sgt graft --seeds 0
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def run_config(label: str, seed: int, args, run_dir: Path) -> dict:
                  log_samples_every_n_steps=0)
     model["algorithm"] = {**model.get("algorithm", {}), **algo}
     model["evaluation"] = {**model.get("evaluation", {}), "k": args.k}
+    if args.warmstart_steps is not None:
+        for p in model["policies"]:
+            p["warmstart"] = {**p.get("warmstart", {}), "steps": args.warmstart_steps}
     if args.smoke:
         for p in model["policies"]:
             p["warmstart"] = {**p.get("warmstart", {}), "steps": 10}
@@ -321,6 +325,8 @@ def main(argv=None) -> None:
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--results", default=str(ROOT / "results"))
+    ap.add_argument("--warmstart-steps", type=int, default=None,
+                    help="override both policies' supervised warm-up steps (calibration; see calibrate_warmstart.py)")
     ap.add_argument("--smoke", action="store_true", help="2 steps, 1 seed, tiny warm-up and evaluation")
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args(argv)
