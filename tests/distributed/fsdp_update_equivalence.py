@@ -4,7 +4,8 @@ prompts, against the one-process update on the union of the ranks' rows. Writes 
 Exercised on purpose: ranks with different numbers of active (non-zero-advantage) rows and micro-batches, an NLL
 term on rank 0 only (rank 1 runs dummy NLL passes), old log-probs recomputed in micro-batches, gradient clipping
 over the sharded parameters. Usage: torchrun --nproc-per-node 2 fsdp_update_equivalence.py OUT.json
-(env: EQ_MINI mini-batches, EQ_MICRO micro-batch rows, EQ_NLL 1/0 for the NLL term on rank 0).
+(env: EQ_MINI mini-batches, EQ_MICRO micro-batch rows, EQ_NLL 1/0 for the NLL term on rank 0, EQ_AGG the loss
+aggregation).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tests.trainer.helpers import TASK, spec  # noqa: E402
 PROMPTS_PER_RANK, N, LR = 4, 4, 0.5
 MINI, MICRO = int(os.environ.get("EQ_MINI", 2)), int(os.environ.get("EQ_MICRO", 3))
 NLL = os.environ.get("EQ_NLL", "1") == "1"
+AGG = os.environ.get("EQ_AGG", "token-mean")
 
 
 MIXED: set[str] = set()  # answers of the problems whose groups get mixed rewards (others: all fail)
@@ -67,7 +69,7 @@ def main(out: str) -> None:
     pad = policy.tokenizer.pad_token_id
     successes = [r for g in parts[0][:2] for r, x in zip(g.rollouts, g.rewards) if x > 0][:2]
     nll_batch = collate(successes, torch.zeros(len(successes)), pad) if successes and NLL else None
-    cfg = GRPOConfig(num_mini_batches=MINI, micro_batch_size=MICRO, old_logp="recompute")
+    cfg = GRPOConfig(num_mini_batches=MINI, micro_batch_size=MICRO, old_logp="recompute", agg=AGG)
 
     # reference: one process, the union of both ranks' rows; global mini-batch i = the ranks' i-th mini-batches
     ref = copy.deepcopy(policy)

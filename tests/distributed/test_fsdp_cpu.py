@@ -50,17 +50,20 @@ def presets():
         build_policy(s, task=task)
 
 
-@pytest.mark.parametrize("mini, micro, nll", [(2, 3, 1), (1, 0, 0)], ids=["micro3-nll", "whole"])
-def test_sharded_update_equals_union_update(presets, tmp_path, mini, micro, nll):
+@pytest.mark.parametrize("mini, micro, nll, agg", [(2, 3, 1, "token-mean"), (1, 0, 0, "token-mean"),
+                                                   (2, 3, 0, "seq-mean-token-sum-norm")],
+                         ids=["micro3-nll", "whole", "seq-mean"])
+def test_sharded_update_equals_union_update(presets, tmp_path, mini, micro, nll, agg):
     out = tmp_path / "eq.json"
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
           str(HERE / "fsdp_update_equivalence.py"), str(out)], timeout=300,
-         EQ_MINI=str(mini), EQ_MICRO=str(micro), EQ_NLL=str(nll))
+         EQ_MINI=str(mini), EQ_MICRO=str(micro), EQ_NLL=str(nll), EQ_AGG=agg)
     r = json.loads(out.read_text())
     assert r["active_rows_per_rank"][0] != r["active_rows_per_rank"][1]  # the lockstep padding was exercised
     assert r["version"] == mini
     assert r["max_change"] > 1e-2  # the update moved the weights ...
-    assert r["max_diff"] < 1e-6  # ... exactly as the one-process update on the union of the ranks' rows
+    assert r["max_diff"] < 1e-5  # ... as the one-process update on the union of the ranks' rows (float rounding:
+    # 1.2e-7 token-mean, 1.3e-6 seq-mean-token-sum-norm, against changes of 3e-2 to 6e-2)
 
 
 def test_two_rank_fsdp_fit(presets, tmp_path):
