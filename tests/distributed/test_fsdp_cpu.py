@@ -140,3 +140,10 @@ def test_two_rank_fsdp_fit(presets, tmp_path):
     earlier = {r.prompt_id for s in (0, 1) for r in read_step(tmp_path / "traffic", s).records
                if hasattr(r, "prompt_id")}
     assert len(resumed) == 2 * 2 * 2 * 4 and not {r.prompt_id for r in resumed} & earlier  # the next, unseen batch
+
+
+def test_an_accounting_error_on_one_rank_stops_every_rank(tmp_path):
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+          str(HERE / "exchange_fail_together.py"), str(tmp_path)], timeout=120)
+    assert "never reported" in (tmp_path / "rank0.txt").read_text()
+    assert "on another rank" in (tmp_path / "rank1.txt").read_text()

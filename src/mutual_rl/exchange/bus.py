@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from mutual_rl.distributed import gather_to_zero
+from mutual_rl.distributed import agree_max, gather_to_zero
 from mutual_rl.exchange.records import (
     GROUP_KINDS,
     Record,
@@ -257,6 +257,8 @@ class ExchangeBus:
                 errors.append(
                     f"receiver {receiver!r}: reported {dict(rep)} from {source!r}, but nothing was delivered"
                 )
+        if agree_max([int(bool(errors))])[0] and not errors:  # several processes: fail together, never hang
+            raise ExchangeAccountingError(f"SEE accounting failed at step {step} on another rank (see its error).")
         if errors:
             raise ExchangeAccountingError(
                 f"SEE accounting failed at step {step} (every delivered record must be consumed or dropped with "
