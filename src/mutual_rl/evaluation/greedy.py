@@ -17,7 +17,6 @@ from transformers import GenerationConfig
 
 from mutual_rl.data.task import Problem
 from mutual_rl.distributed import agree_max, lockstep_needed
-from mutual_rl.rollout.hf import dummy_prompt
 from mutual_rl.strategies import generation_params
 
 
@@ -38,7 +37,7 @@ def greedy_generate(policy, problems: Sequence[Problem], max_new_tokens: int, ba
         starts += [None] * (agree_max([len(starts)])[0] - len(starts))
     try:
         for start in starts:
-            chunk = prompt_ids[start : start + batch_size] if start is not None else [dummy_prompt(policy)]
+            chunk = prompt_ids[start : start + batch_size] if start is not None else [policy.dummy_prompt_ids()]
             width = max(len(p) for p in chunk)
             ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
             attn = torch.zeros_like(ids)

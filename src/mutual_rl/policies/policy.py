@@ -76,11 +76,15 @@ class Policy(nn.Module):
                 entropy = logz - (probs * logits).sum(-1)
         return logp, entropy
 
+    def dummy_prompt_ids(self) -> list[int]:
+        """A short fixed prompt in this policy's format, for lockstep dummy passes (output discarded)."""
+        return self.encode_prompt(self.render_prompt("1 + 1"))
+
     def dummy_logp(self, temperature: float = 1.0, *, reference: bool = False) -> torch.Tensor:
         """Log-prob [1, 1] of a fixed one-token response to a fixed prompt. Its only use is a forward whose result
         the caller discards (or multiplies by 0 before backward), run to keep FSDP ranks in lockstep
         (``mutual_rl.distributed``)."""
-        ids = self.encode_prompt(self.render_prompt("1 + 1")) + [self.tokenizer.eos_token_id]
+        ids = self.dummy_prompt_ids() + [self.tokenizer.eos_token_id]
         t = torch.tensor([ids], device=self.device)
         return self.response_logp(t, torch.ones_like(t), 1, temperature, reference=reference)[0]
 

@@ -24,11 +24,6 @@ from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Rollout
 
 
-def dummy_prompt(policy) -> list[int]:
-    """A short prompt in the policy's format for lockstep dummy generations (output discarded)."""
-    return policy.encode_prompt(policy.render_prompt("1 + 1"))
-
-
 class HFRolloutEngine:
     """``generate``-based engine; ``chunk_size`` bounds how many sequences are generated at once."""
 
@@ -59,7 +54,7 @@ class HFRolloutEngine:
         try:
             for start in starts:
                 if start is None:  # lockstep dummy, output discarded
-                    self._sample(policy, [dummy_prompt(policy)], sampling, synced)
+                    self._sample(policy, [policy.dummy_prompt_ids()], sampling, synced)
                     continue
                 chunk = flat[start : start + self.chunk_size]
                 ids, logps = self._sample(policy, [prompt_ids[i] for i, _ in chunk], sampling, synced)
