@@ -1,4 +1,5 @@
-"""HF rollout engine: left padding, sampling as configured (top_k off), log-probs, finish reasons, offsets."""
+"""HF rollout engine: left padding, sampling as configured (top_k off, nothing from the checkpoint's
+generation_config), log-probs, finish reasons, offsets."""
 
 from __future__ import annotations
 
@@ -76,3 +77,42 @@ def test_top_k_is_applied_only_when_set(policy):
     # with top-2 the renormalised log-prob is >= log(1/2) for the more likely of two tokens... and never below full
     assert bool((((b.old_logp - full * b.response_mask)) >= -2e-5).all())
     assert bool(((b.old_logp - full * b.response_mask) > 1e-3).any())
+
+
+# What a checkpoint's generation_config.json may ship: each entry adds a logits processor or warper to ``generate``
+# unless the engine neutralises it (none is set by SamplingSpec below).
+CHECKPOINT_GENERATION = dict(
+    repetition_penalty=1.5, no_repeat_ngram_size=2, min_new_tokens=3, top_k=3, typical_p=0.5,
+    epsilon_cutoff=3e-3, eta_cutoff=3e-3, min_p=0.05, bad_words_ids=[[5]], suppress_tokens=[6, 7],
+    begin_suppress_tokens=[8], sequence_bias=[[[9], 4.0]], forced_eos_token_id=10,
+    exponential_decay_length_penalty=(1, 1.5), renormalize_logits=True, encoder_repetition_penalty=1.3,
+    do_sample=True, temperature=0.3, top_p=0.5,  # these three SamplingSpec does set
+)
+
+
+@pytest.mark.parametrize("preset", ["tiny:gpt2-bpe", "tiny:llama-char"])
+def test_checkpoint_generation_config_changes_no_logp(tmp_path, preset):
+    """A checkpoint whose generation_config sets many processors: the rollout log-prob of every sampled token is
+    still the trainer's log softmax(logits / T) over the full vocabulary, and the model's config is left as is."""
+    from mutual_rl.policies.spec import PolicySpec
+    from mutual_rl.presets.models import build_untrained
+
+    model, tok = build_untrained(preset, seed=0)
+    for key, value in CHECKPOINT_GENERATION.items():
+        setattr(model.generation_config, key, value)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    policy = build_policy(PolicySpec(name="ckpt", model=str(tmp_path)))
+    assert policy.model.generation_config.repetition_penalty == 1.5  # really loaded from the checkpoint
+    torch.manual_seed(3)
+    sampling = SamplingSpec(n=6, max_new_tokens=6, temperature=0.7)
+    groups = HFRolloutEngine().generate(policy, PROBLEMS, sampling, step=0)
+    rollouts = [r for g in groups for r in g]
+    b = collate(rollouts, torch.zeros(len(rollouts)), policy.tokenizer.pad_token_id)
+    policy.model.eval()
+    with torch.no_grad():
+        full, _ = policy.response_logp(b.input_ids, b.attention_mask, b.response_width, sampling.temperature)
+    gap = ((full - b.old_logp) * b.response_mask).abs().max().item()
+    assert gap <= 1e-5, f"rollout log-probs differ from the trainer's by up to {gap:.4f}"
+    assert policy.model.generation_config.repetition_penalty == 1.5  # restored after generate
+    assert policy.model.generation_config.top_k == 3

@@ -5,7 +5,8 @@ differ from argmax), so greedy accuracy decodes here with the policy's own model
 and encoded as the rollout engine does (``policy.render_prompt`` / ``policy.encode_prompt``), left-padded, batched,
 ``do_sample=False`` with one beam, stopped at EOS or ``max_new_tokens``. The completion text is decoded as the
 engine decodes rollouts (special tokens skipped, terminal EOS removed, no clean-up of spaces), so rewards see the
-same kind of text. Consumes no random numbers.
+same kind of text. Consumes no random numbers. The checkpoint's own ``generation_config`` adds nothing (no
+repetition penalty, suppressed tokens, ...): ``generate`` runs with exactly the config built here.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from transformers import GenerationConfig
 
 from mutual_rl.data.task import Problem
 from mutual_rl.distributed import agree_max, lockstep_needed
+from mutual_rl.rollout.hf import only_config
 from mutual_rl.strategies import generation_params
 
 
@@ -44,7 +46,7 @@ def greedy_generate(policy, problems: Sequence[Problem], max_new_tokens: int, ba
             for r, p in enumerate(chunk):  # left padding
                 ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
                 attn[r, width - len(p):] = 1
-            with generation_params(model) as gen_model:
+            with generation_params(model) as gen_model, only_config(gen_model, cfg):
                 seq = gen_model.generate(input_ids=ids.to(policy.device), attention_mask=attn.to(policy.device),
                                          generation_config=cfg, **({"synced_gpus": True} if synced else {}))
             seq = seq[:, width:].cpu()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 
 import torch
 from torch import nn
@@ -24,6 +25,8 @@ class Policy(nn.Module):
         self.tokenizer = tokenizer
         self.version = 0
         self.share_prompts = True  # one prompt forward per group in response_logp (see its docstring)
+        if spec.disable_dropout:  # before LoRA: the adapters' dropout is lora.dropout, as configured
+            disable_dropout(model)
         if spec.lora is not None:
             model = _add_lora(model, spec)
         self.model = model
@@ -145,6 +148,29 @@ class Policy(nn.Module):
         self.tokenizer.save_pretrained(path)
 
 
+def disable_dropout(model: nn.Module) -> None:
+    """Dropout off in ``model``, in train mode too: every ``torch.nn.Dropout*`` module gets ``p = 0``, and every
+    float attribute whose name contains ``dropout``, ``pdrop`` or ``layerdrop`` becomes 0.0, on each submodule
+    (Llama's attention keeps ``attention_dropout`` as its own float) and on each model config and its sub-configs
+    (some attention implementations read ``config.attention_dropout`` in their forward)."""
+    from transformers import PretrainedConfig
+
+    def zero(obj) -> None:
+        for key, value in list(vars(obj).items()):
+            if isinstance(value, float) and _DROPOUT_NAME.search(key):
+                setattr(obj, key, 0.0)
+            elif isinstance(value, PretrainedConfig):
+                zero(value)
+
+    for m in model.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            m.p = 0.0
+        zero(m)  # also its config (a plain attribute of Hugging Face modules)
+
+
+_DROPOUT_NAME = re.compile("dropout|pdrop|layerdrop")
+
+
 def _first(inverse: torch.Tensor) -> torch.Tensor:
     """For each distinct value of ``inverse`` (0..U-1), the index of its first occurrence."""
     first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long)
@@ -179,7 +205,9 @@ def load_model_and_tokenizer(spec: PolicySpec, task=None, cache_dir=None):
         )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer or spec.model, trust_remote_code=spec.trust_remote_code)
+    model_path = _checked_path(spec.name, "model", spec.model)
+    tokenizer_path = _checked_path(spec.name, "tokenizer", spec.tokenizer) if spec.tokenizer else model_path
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=spec.trust_remote_code)
     if not tokenizer.is_fast:
         raise ValueError(
             f"policy {spec.name!r}: tokenizer {type(tokenizer).__name__} ({spec.tokenizer or spec.model}) is not a "
@@ -188,8 +216,30 @@ def load_model_and_tokenizer(spec: PolicySpec, task=None, cache_dir=None):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(spec.model, trust_remote_code=spec.trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(model_path, trust_remote_code=spec.trust_remote_code)
     return model, tokenizer
+
+
+def _checked_path(policy: str, field: str, name: str) -> str:
+    """``name`` as ``from_pretrained`` gets it. A name that looks local -- it starts with ``/``, ``./``, ``../`` or
+    ``~``, has more parts than a Hub id (``org/name``), or its first part is an existing folder -- is a local path:
+    it must exist, and comes back with ``~`` expanded. Any other name is a Hugging Face Hub id, unchanged."""
+    from pathlib import Path
+
+    parts = Path(name).parts
+    local = (name.startswith(("/", "./", "../", "~")) or name in (".", "..") or len(parts) > 2
+             or (len(parts) == 2 and Path(parts[0]).is_dir()))
+    if not local:
+        return name
+    path = Path(name).expanduser()
+    if not path.exists():
+        found = next((p for p in path.absolute().parents if p.exists()), None)
+        raise FileNotFoundError(
+            f"policy {policy!r}: {field} {name!r} was not found: {path.absolute()} does not exist (nearest existing "
+            f"folder: {found}). Fix this policy's {field}: to the folder holding the saved checkpoint, or give a "
+            "Hugging Face Hub id (org/name)."
+        )
+    return str(path)
 
 
 def build_policy(spec: PolicySpec, task=None, cache_dir=None, needs_reference: bool = False) -> Policy:

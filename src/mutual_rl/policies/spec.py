@@ -6,7 +6,11 @@ These dataclasses are the configuration (DESIGN rule 5): their typed fields and 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
+
+PRESET_PREFIX = "tiny:"
+"""How an embedded preset's name starts (``tiny:gpt2-bpe``)."""
 
 
 @dataclass
@@ -107,8 +111,15 @@ class PolicySpec:
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     lora: LoraSpec | None = None
+    disable_dropout: bool = True
+    """Turn the model's dropout off for every RL forward (old log-probs, the update, regime forwards), which run in
+    train mode: each torch.nn.Dropout gets p = 0 and the dropout probabilities of the model and its config
+    (attention_dropout, attn_pdrop, resid_pdrop, embd_pdrop, hidden_dropout, ...) become 0, so recomputed
+    log-probs equal the rollout's; exported full checkpoints carry these zeros in their config. LoRA's own
+    dropout is lora.dropout and stays as configured. False keeps the checkpoint's dropout."""
     warmstart: WarmStart | None = None
-    """Only for ``tiny:`` presets: supervised warm-up settings (default: ``WarmStart()``)."""
+    """Only for ``tiny:`` presets (an error on any other model): supervised warm-up settings (default:
+    ``WarmStart()``)."""
     regime: str | None = None
     """This policy's own sharing regime as a receiver (default: ``model.regime``)."""
     regime_args: dict | None = None
@@ -123,6 +134,18 @@ class PolicySpec:
         if "{problem}" not in self.prompt_template:
             raise ValueError(
                 f"policy {self.name!r}: prompt_template {self.prompt_template!r} must contain '{{problem}}'."
+            )
+        if self.warmstart is not None and not self.model.startswith(PRESET_PREFIX):
+            raise ValueError(
+                f"policy {self.name!r}: warmstart is set, but model {self.model!r} is not a {PRESET_PREFIX} preset; "
+                f"the supervised warm-up only builds the embedded presets ({PRESET_PREFIX}gpt2-bpe, ...). Remove "
+                "warmstart from this policy, or use a preset model."
+            )
+        if self.sampling.n == 1:
+            warnings.warn(
+                f"policy {self.name!r}: sampling.n is 1, so each GRPO group holds one response, whose advantage is "
+                "0 (nothing to compare it with): GRPO gets no signal from this policy's rollouts. Set sampling.n "
+                ">= 2 (e.g. 8).", UserWarning, stacklevel=3,
             )
 
     def render_prompt(self, problem: str) -> str:

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from mutual_rl.policies.spec import PRESET_PREFIX as PREFIX
 from mutual_rl.presets.tokenizers import TOKENIZER_BUILDERS
-
-PREFIX = "tiny:"
 
 
 @dataclass(frozen=True)

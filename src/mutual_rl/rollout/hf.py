@@ -1,9 +1,16 @@
 """Rollouts with Hugging Face ``generate``: the CPU engine and the GPU reference.
 
 Prompts are rendered in the policy's own format and left-padded (batched generation needs it). Sampling is
-exactly as configured: ``top_k`` is passed explicitly (0 = off; transformers would otherwise apply 50, which
-silently changes the sampling distribution and breaks the RL log-probs). The log-prob of each sampled token is
-read from the processed scores (temperature and top-p applied), i.e. the distribution the token was drawn from.
+exactly as configured and nothing else: ``generate`` gets a fresh ``GenerationConfig`` holding only what the
+``SamplingSpec`` and the tokenizer say (``do_sample``, ``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``,
+EOS / pad / BOS ids, scores output), and for the call the model's own ``generation_config`` is replaced by that
+same config, because ``generate`` fills every field the passed config leaves unset from the model's (a checkpoint's
+``generation_config.json``: ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``, ``top_k``,
+``typical_p``, ``bad_words_ids``, ``suppress_tokens``, ...), and each such field adds a logits processor that the
+trainer's log-probs do not have. The remaining unset fields take transformers' neutral global defaults, except
+``top_k``, which is passed explicitly (0 = off; transformers would otherwise apply 50). The log-prob of each sampled
+token is read from the processed scores (temperature, top-k and top-p applied), i.e. the distribution the token was
+drawn from.
 
 Under FSDP with several processes (each rank generating for its own prompts) every rank runs the same number of
 ``generate`` calls -- missing ones as one-prompt dummies whose output is discarded -- with ``synced_gpus=True``,
@@ -13,8 +20,10 @@ so ranks whose sequences finish early keep taking part in the others' forwards (
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import torch
+from transformers import GenerationConfig
 
 from mutual_rl.data.task import Problem
 from mutual_rl.distributed import agree_max, lockstep_needed
@@ -76,13 +85,14 @@ class HFRolloutEngine:
             ids[r, width - len(p):] = torch.tensor(p)
             attn[r, width - len(p):] = 1
         dev = policy.device
-        with generation_params(policy.model) as model:
-            gen = model.generate(
-                input_ids=ids.to(dev), attention_mask=attn.to(dev), do_sample=True, temperature=s.temperature,
-                top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens, output_scores=True,
-                return_dict_in_generate=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                **({"synced_gpus": True} if synced else {}),
-            )
+        cfg = GenerationConfig(
+            do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
+            output_scores=True, return_dict_in_generate=True, pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+        )
+        with generation_params(policy.model) as model, only_config(model, cfg):
+            gen = model.generate(input_ids=ids.to(dev), attention_mask=attn.to(dev), generation_config=cfg,
+                                 **({"synced_gpus": True} if synced else {}))
         seq = gen.sequences[:, width:].cpu()  # [B, T]
         scores = torch.stack(gen.scores, dim=1).float()  # [B, T, V] processed (tempered, filtered) logits
         logp = torch.log_softmax(scores, dim=-1).gather(-1, seq.to(scores.device).unsqueeze(-1)).squeeze(-1).cpu()
@@ -105,3 +115,16 @@ class HFRolloutEngine:
             prompt_ids=torch.tensor(prompt_ids, dtype=torch.long), response_ids=ids, logp=logp,
             offsets=offsets, finish_reason="eos" if stopped else "length",
         )
+
+
+@contextmanager
+def only_config(model, config: GenerationConfig):
+    """Inside, the Hugging Face model's own ``generation_config`` is ``config`` (restored on exit), so ``generate``
+    fills no unset field from the checkpoint's; ``model`` may be a peft wrapper (its base model's is replaced)."""
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    own = target.generation_config
+    target.generation_config = config
+    try:
+        yield
+    finally:
+        target.generation_config = own
