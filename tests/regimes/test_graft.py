@@ -91,8 +91,15 @@ def test_whole_group_replacement_keeps_source_advantages():
     assert not b.needs_old_logp.any()
     # peer old log-probs are the receiver's (its own old policy is the ratio's denominator), own ones the sampler's
     assert torch.equal(b.old_logp[8:], -0.5 * b.response_mask[8:])
-    # peer-last: own rows split in 2, then ceil(4 / ceil(12 / 2)) = 1 grafted mini-batch
-    assert plan.mini_batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    # peer-last in the batch (paper): 12 rows in the same 2 mini-batches of 6, the grafted rows in the last one
+    assert plan.mini_batches == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]
+    # the earlier rule (peer_last="extra"): own rows split in 2, then ceil(4 / ceil(12 / 2)) = 1 extra mini-batch
+    extra = get_regime("graft", peer_last="extra").plan(recv, own, peers, 2)
+    assert extra.mini_batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    # no peer-last order (ablation): the grafted group stays in prompt 0's place
+    none = get_regime("graft", peer_last="none").plan(recv, own, peers, 2)
+    assert none.batch.prompt_ids == [0] * 4 + [1] * 4 + [2] * 4 and none.batch.is_peer[:4].all()
+    assert none.mini_batches == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]
     m = plan.metrics
     assert (m["candidates/s"], m["candidates_reverse/s"], m["selected/s"], m["rescued/s"]) == (1, 1, 1, 1)
     assert m["transferred_groups"] == 1 and m["transferred_responses"] == 4 and m["admitted_frac"] == 1.0
@@ -155,8 +162,8 @@ def test_balancing_boundary_ties_kept():
     assert plan.metrics["selected/s"] == 3 and plan.metrics["rescued/s"] == 3
     b = plan.batch
     assert b.prompt_ids == [3] * 4 + [4] * 4 + [5] * 4 + [0] * 4 + [1] * 4 + [2] * 4
-    # own 12 rows in 2 mini-batches; 12 grafted rows, size ceil(24 / 2) = 12 -> 1 extra mini-batch
-    assert plan.mini_batches == [list(range(6)), list(range(6, 12)), list(range(12, 24))]
+    # 24 rows (12 own, then 12 grafted) in the same 2 mini-batches as without grafting
+    assert plan.mini_batches == [list(range(12)), list(range(12, 24))]
 
 
 # ------------------------------------------------------------------------------------------ compatibility
@@ -311,7 +318,8 @@ def test_peer_last_order_in_update():
     update_policy(policy, plan, GRPOConfig(num_mini_batches=2, old_logp="rollout", skip_zero_advantage=False),
                   backward=lambda loss: loss.backward(), step_optimizer=opt.step,
                   zero_grad=lambda: opt.zero_grad(set_to_none=True))
-    assert [c[1] for c in calls] == [[1, 1], [2, 2], [0, 0]]  # own [[0,1],[2,3]], then grafted [[4,5]]
-    assert [all(c[0]) for c in calls] == [False, False, True]
+    # 6 rows (own 1, 1, 2, 2, then grafted 0, 0) in the same 2 mini-batches as without grafting, grafted last
+    assert [c[1] for c in calls] == [[1, 1, 2], [2, 0, 0]]
+    assert [c[0] for c in calls] == [[False, False, False], [False, True, True]]
     assert any((p.detach() != b).any() for p, b in zip(
         [p for p in policy.parameters() if p.requires_grad], before))

@@ -68,8 +68,9 @@ def test_plan_pooled_advantages_extras_flows_metrics():
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"consumed": 4, "no_own_group": 2}}
     assert plan.objective == "hacpo"
-    assert plan.objective_kwargs == {"lower": 0.8, "alpha": 1.0, "self_clip_low": 3e-4, "self_clip_high": 4e-4,
-                                     "log_ratio_clamp": 10.0}
+    assert plan.objective_kwargs == {"lower_start": 0.8, "lower_slope": 0.025, "lower_m0": 0, "lower_per_update": 1,
+                                     "alpha": 1.0, "self_clip_low": 3e-4, "self_clip_high": 4e-4,
+                                     "log_ratio_clamp": 10.0, "kl_peer_rows": False}
     b = plan.batch
     assert b.prompt_ids == [0, 0, 0, 0, 1, 1, 1, 1]
     assert b.is_peer.tolist() == [False, False, True, True] * 2
@@ -83,7 +84,7 @@ def test_plan_pooled_advantages_extras_flows_metrics():
     assert plan.mini_batches == [[0, 1, 2, 3], [4, 5, 6, 7]]
     m = plan.metrics
     assert m["capability/r"] == 0.25 and m["capability/s"] == 0.5 and m["cap_ratio/s"] == 0.5
-    assert m["L_m"] == 0.8 and m["m"] == 0.0 and m["peer_responses"] == 4.0
+    assert m["L_m_first"] == 0.8 and m["m"] == 0.0 and m["peer_responses"] == 4.0
     assert HACPO.subscribes == ("rollout", "reward")
 
 
@@ -95,19 +96,24 @@ def _step(regime, step, r_rewards, s_rewards):
     return plan
 
 
+def _lower(plan, update_index: int = 0) -> float:
+    kw = plan.objective_kwargs
+    return lower_bound(kw["lower_m0"] + kw["lower_per_update"] * update_index, kw["lower_start"], kw["lower_slope"])
+
+
 def test_capability_window_lm_schedule_and_state_round_trip():
-    reg = get_regime("hacpo", window=2)
+    reg = get_regime("hacpo", window=2, lower_schedule="step")  # the per-training-step schedule (kept to compare)
     p0 = _step(reg, 0, [1, 0], [0, 0])  # rates r .5, s 0
     assert p0.metrics["capability/r"] == 0.5 and p0.metrics["capability/s"] == 1e-8
-    assert p0.metrics["cap_ratio/s"] == 10.0 and p0.objective_kwargs["lower"] == 0.8
+    assert p0.metrics["cap_ratio/s"] == 10.0 and _lower(p0) == 0.8 and _lower(p0, 3) == 0.8
     p1 = _step(reg, 1, [1, 1], [0, 0])
-    assert p1.metrics["capability/r"] == 0.75 and p1.objective_kwargs["lower"] == pytest.approx(0.825)
+    assert p1.metrics["capability/r"] == 0.75 and _lower(p1) == pytest.approx(0.825)
     state = copy.deepcopy(reg.state_dict())
     p2 = _step(reg, 2, [0, 0], [1, 0])  # window 2: r (1 + 0)/2, s (0 + .5)/2
     assert p2.metrics["capability/r"] == 0.5 and p2.metrics["capability/s"] == 0.25
-    assert p2.metrics["cap_ratio/s"] == 2.0 and p2.objective_kwargs["lower"] == pytest.approx(0.85)
+    assert p2.metrics["cap_ratio/s"] == 2.0 and _lower(p2) == pytest.approx(0.85)
     # resumed regime continues exactly
-    other = HACPO(window=2)
+    other = HACPO(window=2, lower_schedule="step")
     other.load_state_dict(state)
     q2 = _step(other, 2, [0, 0], [1, 0])
     assert q2.metrics == p2.metrics and q2.objective_kwargs == p2.objective_kwargs
@@ -170,20 +176,28 @@ def test_objective_alpha_and_lower_bound():
     assert float(logp.grad[2].abs().sum()) == 0.0 and float(logp.grad[1, 0]) == pytest.approx(0.1)
 
 
-def test_objective_micro_batch_invariant_with_kl():
+@pytest.mark.parametrize("kl_peer_rows", [False, True])
+def test_objective_micro_batch_invariant_with_kl(kl_peer_rows):
+    """KL covers the learner's own rows (0, 1) only by default (public HACPO code); every row with kl_peer_rows."""
     cfg = GRPOConfig(kl_coef=1e-3, kl_kind="k3")
     logp, sub = _example()
     ref = logp.detach() - 0.1  # d = 0.1 per token: k3 = e^{-.1} + .1 - 1
-    loss, m = hacpo_objective(logp, sub, cfg=cfg, token_count=None, num_seqs=5, max_len=2, ref_logp=ref)
+    loss, m = hacpo_objective(logp, sub, cfg=cfg, token_count=None, num_seqs=5, max_len=2, ref_logp=ref,
+                              kl_peer_rows=kl_peer_rows)
     loss.backward()
     k3 = math.exp(-0.1) + 0.1 - 1
     s2 = math.exp(-0.2)
-    assert float(loss.detach()) == pytest.approx(-(1.0004 - 1.0 + 4 * s2 + 0.5 - 0.64) / 5 + 1e-3 * k3, abs=1e-6)
+    kl_seqs = 5 if kl_peer_rows else 2
+    assert float(loss.detach()) == pytest.approx(-(1.0004 - 1.0 + 4 * s2 + 0.5 - 0.64) / 5 + 1e-3 * k3 * kl_seqs / 5,
+                                                 abs=1e-6)
     assert float(m["kl"]) == pytest.approx(k3, abs=1e-6)
     full_grad = logp.grad.clone()
     dk = 1 - math.exp(-0.1)  # d k3 / d logp
     expected = torch.tensor([[0.0, 0.0], [0.1, 0.1], [-0.4 * s2, -0.4 * s2], [0.0, 0.0], [0.0, 0.0]])
-    expected += 1e-3 * dk / 5 * torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5], [1.0, 0.0], [0.5, 0.5]])
+    kl_grad = torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5], [1.0, 0.0], [0.5, 0.5]])
+    if not kl_peer_rows:
+        kl_grad[2:] = 0.0
+    expected += 1e-3 * dk / 5 * kl_grad
     torch.testing.assert_close(full_grad, expected, rtol=0, atol=1e-7)
     # split into micro-batches with the mini-batch's num_seqs: losses add up, gradients identical
     logp2 = logp.detach().clone().requires_grad_(True)
@@ -191,7 +205,8 @@ def test_objective_micro_batch_invariant_with_kl():
     for rows in ([0, 1], [2, 3, 4]):
         part = sub.select(rows)
         lp = logp2[rows]
-        loss_i, _ = hacpo_objective(lp, part, cfg=cfg, token_count=None, num_seqs=5, max_len=2, ref_logp=ref[rows])
+        loss_i, _ = hacpo_objective(lp, part, cfg=cfg, token_count=None, num_seqs=5, max_len=2, ref_logp=ref[rows],
+                                    kl_peer_rows=kl_peer_rows)
         loss_i.backward()
         total += float(loss_i.detach())
     assert total == pytest.approx(float(loss.detach()), abs=1e-7)

@@ -2,10 +2,13 @@
 
 An objective maps one micro-batch to ``(loss, metrics)``::
 
-    fn(logp [b, T], sub: PolicyBatch, *, cfg: GRPOConfig, token_count, num_seqs, max_len, ref_logp, **kwargs)
+    fn(logp [b, T], sub: PolicyBatch, *, cfg: GRPOConfig, token_count, num_seqs, max_len, ref_logp, update_index,
+       **kwargs)
 
 where ``token_count`` / ``num_seqs`` are the *mini-batch's* normalisers (so micro-batch losses add up to the
-mini-batch loss) and ``kwargs`` come from the regime's ``TrainingPlan.objective_kwargs``. Per-token metrics are
+mini-batch loss), ``max_len`` the policy's configured maximum response length (the constant of
+``seq-mean-token-sum-norm``), ``update_index`` the optimizer update within the current training step (0, 1, ...
+across PPO epochs; restarts every step) and ``kwargs`` come from the regime's ``TrainingPlan.objective_kwargs``. Per-token metrics are
 means over this micro-batch's response tokens; the update averages them token-weighted.
 """
 
@@ -40,12 +43,14 @@ def get_objective(name: str) -> Objective:
     return _OBJECTIVES[name]
 
 
-def dapo_terms(logp, sub, cfg, token_count, num_seqs, max_len, ref_logp):
-    """``policy_loss`` on a micro-batch with the trainer's settings."""
+def dapo_terms(logp, sub, cfg, token_count, num_seqs, max_len, ref_logp, *, with_kl: bool = True):
+    """``policy_loss`` on a micro-batch with the trainer's settings (``with_kl=False``: no KL term, for
+    metrics computed without the reference)."""
     return policy_loss(
         logp, sub.old_logp, sub.advantages, sub.response_mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
         agg=cfg.agg, weights=sub.weights, dual_clip=cfg.dual_clip, max_len=max_len, token_count=token_count,
-        num_seqs=num_seqs, ref_logp=ref_logp, kl_coef=cfg.kl_coef, kl_kind=cfg.kl_kind,
+        num_seqs=num_seqs, ref_logp=ref_logp if with_kl else None, kl_coef=cfg.kl_coef if with_kl else 0.0,
+        kl_kind=cfg.kl_kind,
     )
 
 
@@ -56,7 +61,7 @@ def split_metrics(logp, sub, cfg, max_len) -> dict[str, torch.Tensor]:
         for tag, rows in (("self", ~sub.is_peer), ("peer", sub.is_peer)):
             if rows.any():
                 part = sub.select(rows.nonzero().squeeze(-1))
-                _, m = dapo_terms(logp.detach()[rows], part, cfg, None, None, max_len, None)
+                _, m = dapo_terms(logp.detach()[rows], part, cfg, None, None, max_len, None, with_kl=False)
                 for k in ("clip_frac_low", "clip_frac_high", "ratio_mean"):
                     out[f"{tag}/{k}"] = m[k]
                 out[f"{tag}/num_tokens"] = m["num_tokens"]
@@ -64,8 +69,11 @@ def split_metrics(logp, sub, cfg, max_len) -> dict[str, torch.Tensor]:
 
 
 @register_objective("dapo")
-def dapo(logp, sub, *, cfg, token_count, num_seqs, max_len, ref_logp=None):
-    """DAPO token-level clipped surrogate (METHODS §1) with per-sequence weights; self/peer metrics split."""
+def dapo(logp, sub, *, cfg, token_count, num_seqs, max_len, ref_logp=None, update_index: int = 0):
+    """DAPO token-level clipped surrogate (METHODS §1) with per-sequence weights; self/peer metrics split.
+
+    The KL penalty (``cfg.kl_coef``) covers every row of the batch, peer rows included: they are trained as the
+    receiver's tokens, and ``ref_logp`` is the reference on those tokens."""
     loss, metrics = dapo_terms(logp, sub, cfg, token_count, num_seqs, max_len, ref_logp)
     if sub.is_peer.any():
         metrics.update(split_metrics(logp, sub, cfg, max_len))

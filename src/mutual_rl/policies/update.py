@@ -59,6 +59,9 @@ class GRPOConfig:
     """A response with reward above this counts as a success."""
     skip_zero_advantage: bool = True
     """Skip forward/backward of zero-advantage rows (no gradient change; see module docstring)."""
+    on_nonfinite: str = "raise"
+    """A non-finite advantage, loss or gradient: raise (stop with an error naming the policy and the quantity) |
+    skip (refuse that optimizer step, leave the weights and AdamW state as they were, count it in nonfinite_skipped)."""
 
     def __post_init__(self):
         from mutual_rl.algorithms import ADVANTAGE_SCALES, AGGREGATIONS, KL_ESTIMATORS
@@ -66,11 +69,31 @@ class GRPOConfig:
         for name, value, choices in (
             ("agg", self.agg, AGGREGATIONS), ("scale", self.scale, ADVANTAGE_SCALES),
             ("kl_kind", self.kl_kind, KL_ESTIMATORS), ("old_logp", self.old_logp, ("recompute", "rollout")),
+            ("on_nonfinite", self.on_nonfinite, NONFINITE_ACTIONS),
         ):
             if value not in choices:
                 raise ValueError(f"algorithm.{name}={value!r} is not one of: {', '.join(choices)}.")
         if self.ppo_epochs < 1 or self.num_mini_batches < 1 or self.micro_batch_size < 0:
             raise ValueError("algorithm.ppo_epochs and num_mini_batches must be >= 1, micro_batch_size >= 0.")
+
+
+NONFINITE_ACTIONS = ("raise", "skip")
+
+
+class NonFiniteUpdateError(FloatingPointError):
+    """A policy's update met a non-finite advantage, loss, gradient or weight; no weight was changed by it."""
+
+
+def _nonfinite_message(policy, quantity: str, where: str, cause: str) -> str:
+    lr = policy.spec.optimizer.lr
+    return (f"policy {policy.name!r}: non-finite {quantity} {where}; the update was refused before changing any "
+            f"weight. Likely cause: {cause}. Current optimizer.lr = {lr:g}. Set algorithm.on_nonfinite: skip to "
+            f"skip such steps (counted as <policy>/nonfinite_skipped) instead of stopping.")
+
+
+_CAUSE_REWARD = "the reward function returned NaN/inf, or rewards so large that their spread overflows"
+_CAUSE_LR = ("the learning rate is too high for this model (weights or logits overflowed), or an earlier "
+             "update already diverged")
 
 
 def chunks(rows: list[int], size: int) -> list[list[int]]:
@@ -122,8 +145,10 @@ class _MiniBatch:
     nll_pass: bool = False  # whether an NLL forward/backward runs (a dummy one if nll_rows is empty)
 
 
-def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: bool) -> list[_MiniBatch]:
-    """Per mini-batch: its active parts and loss normalisers.
+def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: bool,
+                  max_len: int) -> list[_MiniBatch]:
+    """Per mini-batch: its active parts and loss normalisers (``max_len``: the constant of
+    ``seq-mean-token-sum-norm``, the policy's configured maximum response length, the same for every mini-batch).
 
     In one process the normalisers are the mini-batch's own (METHODS §1). Under FSDP lockstep the ranks hold
     different rows of one global mini-batch ``i`` (rank ``r``'s ``i``-th mini-batch): counts are agreed so that every
@@ -140,7 +165,7 @@ def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: 
         active = [j for j, r in enumerate(rows) if not skip[r]]  # positions in the mini-batch
         out.append(_MiniBatch(
             rows=list(rows), parts=chunks(active, micro), nll_rows=list(nll_mbs[i]) if i < len(nll_mbs) else [],
-            token_count=mask.sum(), num_seqs=int((mask.sum(-1) > 0).sum()), max_len=batch.response_width,
+            token_count=mask.sum(), num_seqs=int((mask.sum(-1) > 0).sum()), max_len=max_len,
         ))
     for mb in out:
         mb.num_parts, mb.nll_pass = len(mb.parts), bool(mb.nll_rows)
@@ -148,13 +173,13 @@ def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: 
         return out
     _, world = rank_and_world()
     m = agree_max([len(out)])[0]
-    out += [_MiniBatch(rows=[], parts=[], nll_rows=[], token_count=0.0, num_seqs=0, max_len=0)
+    out += [_MiniBatch(rows=[], parts=[], nll_rows=[], token_count=0.0, num_seqs=0, max_len=max_len)
             for _ in range(m - len(out))]
-    maxes = agree_max([mb.num_parts for mb in out] + [int(mb.nll_pass) for mb in out] + [mb.max_len for mb in out])
+    maxes = agree_max([mb.num_parts for mb in out] + [int(mb.nll_pass) for mb in out])
     sums = agree_sum([float(mb.token_count) for mb in out] + [mb.num_seqs for mb in out]
                      + [len(mb.nll_rows) for mb in out])
     for i, mb in enumerate(out):
-        mb.num_parts, mb.nll_pass, mb.max_len = maxes[i], bool(maxes[m + i]), maxes[2 * m + i]
+        mb.num_parts, mb.nll_pass = maxes[i], bool(maxes[m + i])
         mb.token_count = torch.tensor(sums[i])
         mb.num_seqs = sums[m + i]
         mb.nll_num_rows = sums[2 * m + i]
@@ -174,31 +199,46 @@ def update_policy(
     Other peer rows keep the old log-probs their regime set (a THL-aligned peer trace, or the receiver's
     log-probs the regime already computed): recomputing them would discard the trace or repeat the work.
 
-    Under FSDP with several processes the ranks run in lockstep with global normalisers (:func:`_mini_batches`).
+    Never trains on non-finite values: a non-finite advantage stops the update before any forward; a non-finite
+    loss or gradient norm of a mini-batch refuses its optimizer step (``cfg.on_nonfinite``: ``raise`` a
+    :class:`NonFiniteUpdateError` naming the policy, the quantity and the likely cause, or ``skip`` the step and
+    count it); non-finite weights after the update raise (they can only come from an optimizer step that
+    overflowed, e.g. a far too high learning rate). Per-token metrics (entropy, clip fractions, ...) are absent
+    when no row was trained, never carried over.
+
+    Under FSDP with several processes the ranks run in lockstep with global normalisers (:func:`_mini_batches`),
+    and agree on refusing a step.
     """
     batch, objective = plan.batch, get_objective(plan.objective)
     temperature = policy.spec.sampling.temperature
     params = [p for p in policy.parameters() if p.requires_grad]
     lockstep = lockstep_needed(policy.model)
+    if not bool(torch.isfinite(batch.advantages).all()):
+        bad = (~torch.isfinite(batch.advantages)).nonzero().squeeze(-1).tolist()
+        raise NonFiniteUpdateError(_nonfinite_message(
+            policy, "advantage", f"in rows {bad[:8]} (prompt ids {[batch.prompt_ids[i] for i in bad[:8]]})",
+            _CAUSE_REWARD))
     skip = zero_advantage_skip_mask(batch.advantages, cfg.kl_coef) if cfg.skip_zero_advantage \
         else torch.zeros(len(batch), dtype=torch.bool)
     need = batch.needs_old_logp | ((cfg.old_logp == "recompute") & ~batch.is_peer)
     recompute_old_logp(policy, batch, [i for i in range(len(batch)) if need[i] and not skip[i]], temperature,
                        cfg.micro_batch_size, lockstep=lockstep)
-    mini_batches = _mini_batches(plan, skip, cfg.micro_batch_size, lockstep)
+    max_len = int(policy.spec.sampling.max_new_tokens)
+    mini_batches = _mini_batches(plan, skip, cfg.micro_batch_size, lockstep, max_len)
     sums: dict[str, float] = {}
     weights: dict[str, float] = {}
     steps_metrics = {"grad_norm": 0.0, "loss": 0.0, "nll": 0.0}
-    tokens_seen, n_steps = 0.0, 0
-
-    def add(key: str, value: float, weight: float) -> None:
-        sums[key] = sums.get(key, 0.0) + value * weight
-        weights[key] = weights.get(key, 0.0) + weight
+    tokens_seen, n_steps, n_skipped, n_updates = 0.0, 0, 0, 0
 
     for _ in range(cfg.ppo_epochs):
         for mbi in mini_batches:
             mb = batch.select(mbi.rows) if mbi.rows else None
             zero_grad()
+            finite_loss = True
+            mb_sums: dict[str, float] = {}  # this mini-batch's metrics, kept only if its step is taken
+            mb_weights: dict[str, float] = {}
+            mb_loss, mb_nll, mb_tokens = 0.0, 0.0, 0.0
+
             for k in range(mbi.num_parts):
                 # the KL reference runs first: no other forward may come between a forward and its backward
                 # (activation checkpointing recomputes that forward, and LoRA's reference is the same modules)
@@ -218,24 +258,27 @@ def update_policy(
                     sub.input_ids, sub.attention_mask, mb.response_width, temperature, with_entropy=True
                 )
                 loss, m = objective(logp, sub, cfg=cfg, token_count=mbi.token_count, num_seqs=mbi.num_seqs,
-                                    max_len=mbi.max_len, ref_logp=ref, **plan.objective_kwargs)
+                                    max_len=mbi.max_len, ref_logp=ref, update_index=n_updates,
+                                    **plan.objective_kwargs)
                 loss = loss * mbi.scale
+                finite_loss &= bool(torch.isfinite(loss.detach()))
                 backward(loss)
                 n_tok = float(sub.response_mask.sum())
-                tokens_seen += n_tok
+                mb_tokens += n_tok
                 for key, v in m.items():
                     if key.endswith("num_tokens") or key in ("pg_loss", "kl_loss"):
                         continue
                     w = float(m[key.rsplit("/", 1)[0] + "/num_tokens"]) if "/" in key else n_tok
-                    add(key, float(v), w)
-                add("entropy", float(masked_mean(entropy, sub.response_mask)), n_tok)
-                steps_metrics["loss"] += float(loss.detach())
+                    _accumulate(mb_sums, mb_weights, key, float(v), w)
+                _accumulate(mb_sums, mb_weights, "entropy", float(masked_mean(entropy, sub.response_mask)), n_tok)
+                mb_loss += float(loss.detach())
             if mbi.nll_pass:
                 if mbi.nll_rows:
                     extra, mean_nll = nll_loss(policy, plan.nll, mbi.nll_rows, temperature, mbi.nll_num_rows)
                     extra = extra * mbi.scale
-                    steps_metrics["nll"] += mean_nll
-                    steps_metrics["loss"] += float(extra.detach())
+                    finite_loss &= bool(torch.isfinite(extra.detach()))
+                    mb_nll += mean_nll
+                    mb_loss += float(extra.detach())
                 else:  # lockstep dummy (another rank has NLL rows in this mini-batch)
                     extra = policy.dummy_logp(temperature).sum() * 0.0
                 backward(extra)
@@ -243,14 +286,57 @@ def update_policy(
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             norm = clip_grad_norm_(params, policy.spec.optimizer.grad_clip or float("inf"), sharded=lockstep)
+            n_updates += 1
+            bad = (not finite_loss) or not bool(torch.isfinite(norm))
+            if lockstep:  # every rank refuses the same steps (the optimizer step of a sharded model is collective)
+                bad = bool(agree_max([int(bad)])[0])
+            if bad:
+                if cfg.on_nonfinite == "raise":
+                    zero_grad()
+                    what = "loss" if not finite_loss else "gradient norm"
+                    raise NonFiniteUpdateError(_nonfinite_message(
+                        policy, what, f"in optimizer update {n_updates - 1} of this step "
+                        f"(mini-batch of {len(mbi.rows)} rows, prompt ids {sorted(set(mb.prompt_ids))[:8] if mb else []})",
+                        _CAUSE_LR))
+                zero_grad()
+                n_skipped += 1
+                continue
+            for key in mb_sums:
+                _accumulate(sums, weights, key, mb_sums[key] / mb_weights[key] if mb_weights[key] else 0.0,
+                            mb_weights[key])
+            tokens_seen += mb_tokens
+            steps_metrics["loss"] += mb_loss
+            steps_metrics["nll"] += mb_nll
             steps_metrics["grad_norm"] += float(norm)
             step_optimizer()
             policy.version += 1
             n_steps += 1
+    if n_steps:
+        _check_finite_weights(policy, params, lockstep)
     out = {k: sums[k] / weights[k] for k in sums if weights[k] > 0}
     out.update({k: v / max(n_steps, 1) for k, v in steps_metrics.items()})
     if plan.nll is None:
         out.pop("nll")
     out["trained_tokens"] = tokens_seen
     out["skipped_frac"] = float(skip.float().mean()) if len(batch) else 0.0
+    if cfg.on_nonfinite == "skip":
+        out["nonfinite_skipped"] = float(n_skipped)
     return out
+
+
+def _accumulate(sums: dict[str, float], weights: dict[str, float], key: str, value: float, weight: float) -> None:
+    sums[key] = sums.get(key, 0.0) + value * weight
+    weights[key] = weights.get(key, 0.0) + weight
+
+
+def _check_finite_weights(policy, params: list[torch.Tensor], lockstep: bool) -> None:
+    """Raise :class:`NonFiniteUpdateError` if any trainable weight is NaN/inf after the update (one reduction)."""
+    finite = bool(torch.stack([torch.isfinite(p.detach()).all() for p in params]).all()) if params else True
+    if lockstep:
+        finite = not agree_max([int(not finite)])[0]
+    if not finite:
+        names = [n for n, p in policy.named_parameters() if p.requires_grad and not bool(torch.isfinite(p).all())]
+        raise NonFiniteUpdateError(
+            f"policy {policy.name!r}: non-finite weights after an optimizer step (e.g. {names[:3]}): the step "
+            f"overflowed although its loss and gradient were finite. Likely cause: {_CAUSE_LR}. Current "
+            f"optimizer.lr = {policy.spec.optimizer.lr:g}; lower it (tiny presets: 5e-5 .. 1e-4).")

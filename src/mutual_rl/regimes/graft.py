@@ -26,11 +26,20 @@ As implemented, for a receiver ``R`` and each source ``S`` (success = ``reward >
    *(ours)* If every response of a selected group falls below the floor, nothing is grafted for that prompt
    and ``R`` keeps its own (all-fail, zero-advantage) group, so a batch is never emptied.
 5. **Objective**: token-mean DAPO (objective ``dapo``) with ``PolicyBatch.weights = w`` (own rows ``w = 1``).
-6. **Peer-last** *(mini-batch sizing ours)*: ``R``'s remaining own rows (its groups in order) are split into
-   ``num_mini_batches`` with ``split_rows``; the grafted rows follow (grouped by prompt, in ``R``'s prompt
-   order) in *additional* mini-batches that run after all own ones, ``ceil(n_graft / size)`` of them with
-   ``size = ceil(n_own_responses / num_mini_batches)`` — the mini-batch size plain GRPO would use this step —
-   also split with ``split_rows``.
+6. **Peer-last** (``peer_last``). ``in_batch`` (default, the paper): the grafted groups replace ``R``'s failed
+   groups *inside* the batch; the rows are ``R``'s remaining own groups in order, then the grafted groups (in
+   ``R``'s prompt order), split with ``split_rows`` into ``num_mini_batches`` — the number and size of the
+   mini-batches do not change with grafting, and the mini-batches that hold grafted rows run last. ``extra``
+   *(the earlier rule, kept to compare)*: the own rows alone are split into ``num_mini_batches`` and the grafted
+   rows follow in *additional* mini-batches of the size plain GRPO would use (``ceil(n_own / num_mini_batches)``),
+   so a step that grafts takes more optimizer steps (AdamW normalises the step size: one lone grafted row moves
+   the weights as much as a full mini-batch). ``none`` (ablation, no peer-last order): grafted groups stay where
+   the replaced group was, then ``split_rows`` as ``in_batch``.
+7. **Identity.** Groups are keyed by ``(prompt_id, group_id)`` (``regimes.base.pair_peer_groups``), never by the
+   prompt id alone: a prompt that occurs twice in one step is two receiver groups, each a candidate of its own
+   with the peers' group of the same slot.
+8. **KL** (``algorithm.kl_coef > 0``): on every row of the batch, grafted rows included, against the reference's
+   log-probs of ``R``'s tokens (the grafted responses are trained as ``R``'s tokens).
 
 Flows (per source, in responses; they sum to the responses delivered): ``consumed`` (grafted, ``w > 0``),
 ``compat_below_floor`` (selected but ``s ≤ δ``), ``not_candidate`` (``q ∉ C_{S→R}``), ``unbalanced`` (cut by
@@ -46,22 +55,31 @@ TensorBoard histogram.
 
 Constructor arguments (the YAML ``regime_args``): ``delta`` (δ, 0.8), ``balance`` (True; False in stored-peer
 mode), ``success_threshold`` (0.0), ``policy_order`` (None), ``logp_batch_size`` (rows per receiver forward pass
-of the compatibility evaluation, 16; 0 = all at once).
+of the compatibility evaluation, 16; 0 = all at once), ``peer_last`` (``in_batch`` | ``extra`` | ``none``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 import torch
 
 from mutual_rl.distributed import agree_max, lockstep_needed
 from mutual_rl.policies.batch import collate
-from mutual_rl.regimes.base import Regime, TrainingPlan, register_regime, split_rows
+from mutual_rl.regimes.base import (
+    Regime,
+    TrainingPlan,
+    group_key,
+    pair_peer_groups,
+    register_regime,
+    split_rows,
+)
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
 from mutual_rl.types import ScoredGroup
+
+PEER_LAST = ("in_batch", "extra", "none")
 
 __all__ = ["GRAFT", "balanced_candidates", "candidate_prompts", "compatibility_score", "compatibility_weight"]
 
@@ -84,9 +102,10 @@ def _successes(group: ScoredGroup, threshold: float) -> int:
 
 
 def candidate_prompts(
-    receiver: Mapping[int, ScoredGroup], source: Mapping[int, ScoredGroup], success_threshold: float = 0.0
-) -> dict[int, int]:
-    """``C_{S→R}`` as ``{prompt_id: k_S(q)}``: ``k_R(q) = 0`` and ``1 ≤ k_S(q) < n_S(q)`` (groups by prompt)."""
+    receiver: Mapping[Hashable, ScoredGroup], source: Mapping[Hashable, ScoredGroup], success_threshold: float = 0.0
+) -> dict[Hashable, int]:
+    """``C_{S→R}`` as ``{key: k_S(q)}``: ``k_R(q) = 0`` and ``1 ≤ k_S(q) < n_S(q)``; both mappings are keyed
+    the same way (the trainer keys by the receiver's group identity, ``regimes.base.group_key``)."""
     out = {}
     for q, g in source.items():
         if q not in receiver or _successes(receiver[q], success_threshold) != 0:
@@ -106,15 +125,6 @@ def balanced_candidates(candidates: Mapping[int, int], reverse_count: int) -> se
     return {q for q, k in candidates.items() if k >= cutoff}
 
 
-def _by_prompt(groups: Sequence[ScoredGroup], who: str) -> dict[int, ScoredGroup]:
-    out: dict[int, ScoredGroup] = {}
-    for g in groups:
-        if g.prompt_id in out:
-            raise ValueError(f"GRAFT: {who!r} has two groups for prompt {g.prompt_id}; expected one per prompt")
-        out[g.prompt_id] = g
-    return out
-
-
 def _mean_logp(trace: torch.Tensor) -> float:
     return float(trace.double().sum() / max(trace.numel(), 1))
 
@@ -129,12 +139,19 @@ class GRAFT(Regime):
         success_threshold: a response with reward above this counts as a success.
         policy_order: tie-break order of sources for N > 2 (default: order of the delivered ``peers``).
         logp_batch_size: rows per receiver forward pass when evaluating compatibility (0 = all at once).
+        peer_last: in_batch (the paper: grafted groups replace the receiver's inside the batch and the
+            mini-batches holding them run last; number and size of mini-batches unchanged) | extra (grafted rows
+            in additional mini-batches after the own ones: more optimizer steps) | none (grafted groups stay in
+            the receiver's prompt order; ablation).
     """
 
     subscribes = ("rollout", "reward", "advantage")
 
     def __init__(self, delta: float = 0.8, balance: bool = True, success_threshold: float = 0.0,
-                 policy_order: list[str] | None = None, logp_batch_size: int = 16):
+                 policy_order: list[str] | None = None, logp_batch_size: int = 16, peer_last: str = "in_batch"):
+        if peer_last not in PEER_LAST:
+            raise ValueError(f"graft: peer_last={peer_last!r} is not one of: {', '.join(PEER_LAST)}.")
+        self.peer_last = peer_last
         if delta < 0:
             raise ValueError(f"graft: delta must be >= 0, got {delta}")
         if logp_batch_size < 0:
@@ -181,12 +198,38 @@ class GRAFT(Regime):
         return out
 
     def plan(self, receiver, own, peers, num_mini_batches):
-        thr = self.success_threshold
-        own_by = _by_prompt(own, receiver.name)
+        own = [g for g in own if g.rollouts]
+        own_by = {group_key(g): g for g in own}
+        pairing = pair_peer_groups(own, peers)
         order = self._source_order(peers)
-        rank = {src: i for i, src in enumerate(order)}
-        peer_by = {src: _by_prompt(peers[src], src) for src in order}
+        peer_by: dict[str, dict] = {src: {} for src in order}  # source -> receiver group key -> its group
+        for key, pairs in pairing.by_own.items():
+            for src, g in pairs:
+                peer_by[src][key] = g
         metrics: dict = {}
+        cands, kept, chosen = self._select(own_by, peer_by, order, metrics)
+        grafted, below, all_s, evaluated = self._graft(receiver, own, own_by, peer_by, chosen)
+        flows = self._flows(peers, pairing, peer_by, cands, kept, chosen, below)
+        for src in order:
+            metrics[f"rescued/{src}"] = float(sum(1 for _, s_, _ in grafted if s_ == src))
+            metrics[f"transferred_responses/{src}"] = float(sum(len(r) for _, s_, r in grafted if s_ == src))
+        batch, mini_batches = self._assemble(receiver, own, grafted, num_mini_batches)
+        n_peer = int(batch.is_peer.sum())
+        s_all = torch.cat(all_s).float() if all_s else torch.zeros(0)
+        metrics["transferred_groups"] = float(len(grafted))
+        metrics["transferred_responses"] = float(n_peer)
+        metrics["admitted_frac"] = float(n_peer / evaluated) if evaluated else 0.0
+        if evaluated:
+            metrics["compat_s_mean"] = float(s_all.mean())
+            metrics["compat_s_min"] = float(s_all.min())
+            metrics["compat_s_max"] = float(s_all.max())
+        metrics["hist/compat_s"] = s_all
+        return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, objective="dapo")
+
+    def _select(self, own_by, peer_by, order, metrics):
+        """Steps 1-3: candidates per source, balancing, and one source per receiver group (N > 2)."""
+        thr = self.success_threshold
+        rank = {src: i for i, src in enumerate(order)}
         cands, kept = {}, {}
         for src in order:
             cands[src] = candidate_prompts(own_by, peer_by[src], thr)
@@ -195,49 +238,55 @@ class GRAFT(Regime):
             metrics[f"candidates/{src}"] = float(len(cands[src]))
             metrics[f"candidates_reverse/{src}"] = float(len(reverse))
             metrics[f"selected/{src}"] = float(len(kept[src]))
-        chosen: dict[int, str] = {}  # prompt -> source, highest k_S then policy order
+        chosen: dict = {}  # receiver group key -> source, highest k_S then policy order
         for src in order:
             for q in kept[src]:
                 best = chosen.get(q)
                 if best is None or (cands[src][q], -rank[src]) > (cands[best][q], -rank[best]):
                     chosen[q] = src
+        return cands, kept, chosen
 
-        # compatibility of every response of every chosen group (R's prompt order)
+    def _graft(self, receiver, own, own_by, peer_by, chosen):
+        """Step 4: cross every chosen group, score each response's compatibility, keep ``w > 0``.
+
+        Returns ``grafted`` (``[(key, source, [(crossed with old logp, advantage, w), ...])]`` in ``R``'s group
+        order), the per-source count of responses below the floor, the evaluated ``s`` and their number."""
         selected = [(q, chosen[q]) for q in own_by if q in chosen]
         prompt_ids = receiver_prompt_ids(own)
         crossed_groups = [cross_rollouts(receiver, peer_by[src][q].rollouts, prompt_ids) for q, src in selected]
-        flat = [c for cs in crossed_groups for c in cs]
-        r_logp = self._receiver_mean_logp(receiver, flat)
+        r_logp = self._receiver_mean_logp(receiver, [c for cs in crossed_groups for c in cs])
         all_s: list[torch.Tensor] = []
-        grafted = []  # (q, src, [(crossed with old logp, advantage, w)])
-        admitted_count, evaluated = {src: 0 for src in order}, 0
-        below = {src: {} for src in order}
-        pos = 0
+        grafted = []
+        below: dict[str, dict] = {src: {} for src in peer_by}
+        pos, evaluated = 0, 0
         for (q, src), cs in zip(selected, crossed_groups):
             g = peer_by[src][q]
             traces = r_logp[pos : pos + len(cs)]
             pos += len(cs)
             r_mean = torch.tensor([_mean_logp(t) for t in traces], dtype=torch.float64)
             s_mean = torch.tensor([_mean_logp(r.logp) for r in g.rollouts], dtype=torch.float64)
-            s = compatibility_score(r_mean, s_mean)
+            all_s.append(compatibility_score(r_mean, s_mean))
             w = compatibility_weight(r_mean, s_mean, self.delta)
-            all_s.append(s)
             evaluated += len(cs)
             rows = [(dataclasses.replace(c, logp=t), float(a), float(wi))
                     for c, t, a, wi in zip(cs, traces, g.advantages.tolist(), w.tolist()) if wi > 0]
             if rows:
                 grafted.append((q, src, rows))
-                admitted_count[src] += len(rows)
             below[src][q] = len(cs) - len(rows)
+        return grafted, below, all_s, evaluated
 
-        replaced = {q for q, _, _ in grafted}
+    @staticmethod
+    def _flows(peers, pairing, peer_by, cands, kept, chosen, below) -> dict[str, dict[str, int]]:
+        """Every delivered peer response, consumed or dropped with its reason (module docstring)."""
         flows: dict[str, dict[str, int]] = {}
         for src in peers:
             f: dict[str, int] = {}
-            for q, g in peer_by[src].items():
+            items = [(q, g, None) for q, g in peer_by.get(src, {}).items()]
+            items += [(None, g, "no_own_group") for g in pairing.unmatched.get(src, [])]
+            for q, g, fixed in items:
                 n = len(g.rollouts)
-                if q not in own_by:
-                    reason = {"no_own_group": n}
+                if fixed is not None:
+                    reason = {fixed: n}
                 elif q not in cands[src]:
                     reason = {"not_candidate": n}
                 elif q not in kept[src]:
@@ -249,35 +298,34 @@ class GRAFT(Regime):
                 for k, v in reason.items():
                     f[k] = f.get(k, 0) + v
             flows[src] = {k: v for k, v in f.items() if v}
-            metrics[f"rescued/{src}"] = float(sum(1 for _, s_, _ in grafted if s_ == src))
-            metrics[f"transferred_responses/{src}"] = float(admitted_count[src])
+        return flows
 
-        # rows: R's remaining own groups, then grafted groups (peer-last)
-        own_rows = [(r, float(a)) for g in own if g.prompt_id not in replaced
-                    for r, a in zip(g.rollouts, g.advantages.tolist())]
-        peer_rows = [row for _, _, rows in grafted for row in rows]
-        rollouts = [r for r, _ in own_rows] + [c for c, _, _ in peer_rows]
-        n_own, n_peer = len(own_rows), len(peer_rows)
+    def _assemble(self, receiver, own, grafted, num_mini_batches):
+        """Steps 5-6: the batch (own rows ``w = 1``, grafted rows with their ``w``) and its mini-batches."""
+        replaced = {q: rows for q, _, rows in grafted}
+        own_rows, peer_rows, in_place = [], [], []  # rows: (rollout, advantage, weight, is_peer)
+        for g in own:
+            q = group_key(g)
+            if q in replaced:
+                grafted_rows = [(c, a, w, True) for c, a, w in replaced[q]]
+                peer_rows += grafted_rows
+                in_place += grafted_rows
+            else:
+                mine = [(r, float(a), 1.0, False) for r, a in zip(g.rollouts, g.advantages.tolist())]
+                own_rows += mine
+                in_place += mine
+        rows = in_place if self.peer_last == "none" else own_rows + peer_rows
         batch = collate(
-            rollouts, [a for _, a in own_rows] + [a for _, a, _ in peer_rows], receiver.tokenizer.pad_token_id,
-            weights=[1.0] * n_own + [w for _, _, w in peer_rows],
-            is_peer=[False] * n_own + [True] * n_peer,
-            needs_old_logp=[False] * (n_own + n_peer),
+            [r for r, _, _, _ in rows], [a for _, a, _, _ in rows], receiver.tokenizer.pad_token_id,
+            weights=[w for _, _, w, _ in rows], is_peer=[p for _, _, _, p in rows],
+            needs_old_logp=[False] * len(rows),
         )
+        if self.peer_last != "extra":  # the paper: same number and size of mini-batches, grafted ones last
+            return batch, split_rows(len(rows), num_mini_batches)
+        n_own, n_peer = len(own_rows), len(peer_rows)
         mini_batches = split_rows(n_own, num_mini_batches) if n_own else []
         if n_peer:
             n_total_own = sum(len(g.rollouts) for g in own)
             size = max(1, math.ceil(n_total_own / max(num_mini_batches, 1)))
-            k = math.ceil(n_peer / size)
-            mini_batches += [[n_own + i for i in mb] for mb in split_rows(n_peer, k)]
-
-        s_all = torch.cat(all_s).float() if all_s else torch.zeros(0)
-        metrics["transferred_groups"] = float(len(grafted))
-        metrics["transferred_responses"] = float(n_peer)
-        metrics["admitted_frac"] = float(n_peer / evaluated) if evaluated else 0.0
-        if evaluated:
-            metrics["compat_s_mean"] = float(s_all.mean())
-            metrics["compat_s_min"] = float(s_all.min())
-            metrics["compat_s_max"] = float(s_all.max())
-        metrics["hist/compat_s"] = s_all
-        return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, objective="dapo")
+            mini_batches += [[n_own + i for i in mb] for mb in split_rows(n_peer, math.ceil(n_peer / size))]
+        return batch, mini_batches

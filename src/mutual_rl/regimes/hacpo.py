@@ -23,22 +23,31 @@ HACPO is a baseline (GRAFT's comparison). As implemented, for receiver ``R``:
   (the clipped ratio; extra ``cap_ratio``), ``L_m = min(1, 0.8 + 0.025 m)``, ``α = 1``.
   ``loss = −Σ_j term_j / num_seqs`` (sequence mean with the *mini-batch's* ``num_seqs``, so micro-batches sum to
   the mini-batch loss). KL (when ``algorithm.kl_coef > 0``; the shipped YAML uses k3, 1e-3) *(aggregation
-  ours)*: ``+ kl_coef · Σ_j tokenmean_t(kl_t) / num_seqs`` (sequence-mean of per-sequence token means), on
-  every row. ``PolicyBatch.weights`` are not used (all 1).
-- **m** *(ours: the update index counts training steps)*: the number of plans this regime has built for ``R``
-  before the current one (0 at the first step), kept in state; it grows by one per ``plan`` call.
+  ours)*: ``+ kl_coef · Σ_{j own} tokenmean_t(kl_t) / num_seqs`` (sequence-mean of per-sequence token means),
+  on ``R``'s own rows only, as the public HACPO code (``kl_peer_rows=True``: on every row).
+  ``PolicyBatch.weights`` are not used (all 1).
+- **m** (``lower_schedule``): ``update`` (default, as the public HACPO code) — the index of the optimizer update
+  (mini-batch) within the current training step, counted across PPO epochs and restarting at 0 every step, so
+  with 4 mini-batches ``L_m`` runs 0.8, 0.825, 0.85, 0.875 in every step and never reaches 1; ``step`` — the
+  number of plans this regime has built for ``R`` before the current one (kept in state), constant within a
+  step: ``L_m = 1`` from step 8 on with the defaults, and then ``clip(s, 1, 1) ≡ 1`` gives the peer term no
+  gradient for the rest of the run (kept to compare).
 - Mini-batches: the rows (pooled groups in ``R``'s prompt order, own rows first in each) split with
   ``split_rows`` into ``num_mini_batches``.
 
-Flows: every peer response for a prompt in ``R``'s batch is ``consumed``; the others ``no_own_group``.
+Flows: every peer response whose group pairs with one of ``R``'s groups (by group identity,
+``regimes.base.pair_peer_groups``: a prompt twice in a batch is two pooled groups) is ``consumed``; the others
+``no_own_group``.
 Metrics: ``capability/<policy>`` (``P_k`` for ``R`` and each source), ``cap_ratio/<source>`` (clipped
-``P_R / P_S``), ``L_m``, ``m``, ``peer_responses``; the objective reports ``seq_ratio_mean``,
+``P_R / P_S``), ``L_m_first`` (``L_m`` of the step's first update), ``m`` (steps planned before this one),
+``peer_responses``; the objective reports ``L_m`` (token-weighted over the step's updates), ``seq_ratio_mean``,
 ``self/clip_frac`` and ``peer/seq_ratio_mean``, ``peer/clip_frac_low`` (``s < L_m``), ``peer/clip_frac_high``
 (``s > 1``) (token-weighted means over sequences) and ``kl`` when a reference is given.
 
 Constructor arguments (the YAML ``regime_args``): ``window`` (5), ``floor`` (1e-8), ``ratio_min`` (0.1),
 ``ratio_max`` (10), ``lower_start`` (0.8), ``lower_slope`` (0.025), ``alpha`` (1), ``self_clip_low`` (3e-4),
-``self_clip_high`` (4e-4), ``log_ratio_clamp`` (10), ``success_threshold`` (0.0), ``eps`` (1e-6).
+``self_clip_high`` (4e-4), ``log_ratio_clamp`` (10), ``success_threshold`` (0.0), ``eps`` (1e-6),
+``lower_schedule`` (``update`` | ``step``), ``kl_peer_rows`` (False).
 """
 
 from __future__ import annotations
@@ -51,8 +60,17 @@ from mutual_rl.algorithms import kl_penalty
 from mutual_rl.distributed import agree_max, agree_sum
 from mutual_rl.policies.batch import collate
 from mutual_rl.policies.objectives import register_objective
-from mutual_rl.regimes.base import Regime, TrainingPlan, register_regime, split_rows
+from mutual_rl.regimes.base import (
+    Regime,
+    TrainingPlan,
+    group_key,
+    pair_peer_groups,
+    register_regime,
+    split_rows,
+)
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
+
+LOWER_SCHEDULES = ("update", "step")
 
 __all__ = ["HACPO", "capability_ratio", "hacpo_advantages", "hacpo_objective", "hacpo_sequence_terms",
            "lower_bound"]
@@ -107,11 +125,19 @@ def hacpo_sequence_terms(
 
 
 @register_objective("hacpo")
-def hacpo_objective(logp, sub, *, cfg, token_count, num_seqs, max_len, ref_logp=None, lower: float = 0.8,
-                    alpha: float = 1.0, self_clip_low: float = 3e-4, self_clip_high: float = 4e-4,
-                    log_ratio_clamp: float = 10.0):
+def hacpo_objective(logp, sub, *, cfg, token_count, num_seqs, max_len, ref_logp=None, update_index: int = 0,
+                    lower: float | None = None, lower_start: float = 0.8, lower_slope: float = 0.025, lower_m0: int = 0,
+                    lower_per_update: int = 1, alpha: float = 1.0, self_clip_low: float = 3e-4,
+                    self_clip_high: float = 4e-4, log_ratio_clamp: float = 10.0, kl_peer_rows: bool = False):
     """HACPO sequence-level objective on a micro-batch (see the module doc); needs extras ``src_mean_logp``,
-    ``cap_ratio``. ``num_seqs`` is the mini-batch's sequence count (micro-batch invariant)."""
+    ``cap_ratio``. ``num_seqs`` is the mini-batch's sequence count (micro-batch invariant).
+
+    The peer clip's lower bound is ``L_m = min(1, lower_start + lower_slope · m)`` with
+    ``m = lower_m0 + lower_per_update · update_index`` (``update_index``: the optimizer update within this
+    training step, from the update loop); ``lower`` given fixes ``L_m`` instead. The KL term covers own rows only
+    unless ``kl_peer_rows``."""
+    if lower is None:
+        lower = lower_bound(lower_m0 + lower_per_update * update_index, lower_start, lower_slope)
     m = sub.response_mask.to(logp.dtype)
     n_tok = m.sum(-1)
     den = n_tok.clamp(min=1.0)
@@ -129,9 +155,11 @@ def hacpo_objective(logp, sub, *, cfg, token_count, num_seqs, max_len, ref_logp=
     metrics: dict[str, torch.Tensor] = {}
     if ref_logp is not None:
         kl_seq = (kl_penalty(logp, ref_logp, cfg.kl_kind) * m).sum(-1) / den
+        kl_rows = has if kl_peer_rows else has & ~is_peer
         if cfg.kl_coef:
-            loss = loss + cfg.kl_coef * (kl_seq * has).sum() / n
-        metrics["kl"] = ((kl_seq * n_tok).sum() / n_tok.sum().clamp(min=1.0)).detach()
+            loss = loss + cfg.kl_coef * (kl_seq * kl_rows).sum() / n
+        w = n_tok * kl_rows
+        metrics["kl"] = ((kl_seq * w).sum() / w.sum().clamp(min=1.0)).detach()
     with torch.no_grad():
         sd = s.detach()
 
@@ -141,6 +169,7 @@ def hacpo_objective(logp, sub, *, cfg, token_count, num_seqs, max_len, ref_logp=
 
         every = torch.ones_like(is_peer)
         metrics["pg_loss"] = pg.detach()
+        metrics["L_m"] = torch.tensor(lower)
         metrics["seq_ratio_mean"] = tw(sd, every)
         for tag, rows in (("self", ~is_peer), ("peer", is_peer)):
             if not bool((rows & has).any()):
@@ -170,6 +199,11 @@ class HACPO(Regime):
         log_ratio_clamp: clamp of ``ℓ̄_R − ℓ̄_src`` before ``exp``.
         success_threshold: a reward above this counts as positive (capability).
         eps: added to the pooled std.
+        lower_schedule: what m counts in L_m: update (the optimizer update within the current training step,
+            restarting at 0 every step, as the public HACPO code) or step (training steps so far; L_m reaches 1
+            after (1 - lower_start) / lower_slope steps and the peer term then has no gradient).
+        kl_peer_rows: apply the KL penalty (algorithm.kl_coef) to peer rows too (default: own rows only, as the
+            public HACPO code).
     """
 
     subscribes = ("rollout", "reward")
@@ -177,7 +211,10 @@ class HACPO(Regime):
     def __init__(self, window: int = 5, floor: float = 1e-8, ratio_min: float = 0.1, ratio_max: float = 10.0,
                  lower_start: float = 0.8, lower_slope: float = 0.025, alpha: float = 1.0,
                  self_clip_low: float = 3e-4, self_clip_high: float = 4e-4, log_ratio_clamp: float = 10.0,
-                 success_threshold: float = 0.0, eps: float = 1e-6):
+                 success_threshold: float = 0.0, eps: float = 1e-6, lower_schedule: str = "update",
+                 kl_peer_rows: bool = False):
+        if lower_schedule not in LOWER_SCHEDULES:
+            raise ValueError(f"hacpo: lower_schedule={lower_schedule!r} is not one of: {', '.join(LOWER_SCHEDULES)}.")
         if window < 1:
             raise ValueError(f"hacpo: window must be >= 1, got {window}")
         if not 0 < ratio_min <= ratio_max:
@@ -186,6 +223,7 @@ class HACPO(Regime):
         self.lower_start, self.lower_slope, self.alpha = lower_start, lower_slope, alpha
         self.self_clip_low, self.self_clip_high, self.log_ratio_clamp = self_clip_low, self_clip_high, log_ratio_clamp
         self.success_threshold, self.eps = success_threshold, eps
+        self.lower_schedule, self.kl_peer_rows = lower_schedule, bool(kl_peer_rows)
         self.windows: dict[str, list[tuple[int, float]]] = {}
         self.updates: dict[str, int] = {}
 
@@ -231,27 +269,16 @@ class HACPO(Regime):
         p_r = self.capability(name)
         ratio = {src: capability_ratio(p_r, self.capability(src), self.floor, self.ratio_min, self.ratio_max)
                  for src in peers}
-        m = self.updates.get(name, 0)
+        m = self.updates.get(name, 0)  # training steps planned so far (lower_schedule "step")
         self.updates[name] = m + 1
-        lower = lower_bound(m, self.lower_start, self.lower_slope)
+        per_step = self.lower_schedule == "step"
+        lower = lower_bound(m if per_step else 0, self.lower_start, self.lower_slope)
 
-        own_prompts = {g.prompt_id for g in own}
+        pairing = pair_peer_groups(own, peers)
         prompt_ids = receiver_prompt_ids(own)
-        by_prompt: dict[int, list] = {q: [] for q in own_prompts}
-        flows: dict[str, dict[str, int]] = {}
-        for src, gs in peers.items():
-            f = {"consumed": 0, "no_own_group": 0}
-            for g in gs:
-                if g.prompt_id in own_prompts:
-                    by_prompt[g.prompt_id].append((src, g))
-                    f["consumed"] += len(g.rollouts)
-                else:
-                    f["no_own_group"] += len(g.rollouts)
-            flows[src] = {k: v for k, v in f.items() if v}
-
         rows, advs, peer_flags, src_mean, caps = [], [], [], [], []
         for g in own:
-            pooled = [(None, g)] + by_prompt[g.prompt_id]
+            pooled = [(None, g)] + pairing.by_own.get(group_key(g), [])
             rewards = torch.cat([pg.rewards.float() for _, pg in pooled])
             r_of = torch.cat([torch.full((len(pg.rollouts),), 1.0 if s is None else ratio[s]) for s, pg in pooled])
             own_mask = torch.zeros(len(rewards), dtype=torch.bool)
@@ -272,12 +299,14 @@ class HACPO(Regime):
             needs_old_logp=[False] * len(rows),
             extras={"src_mean_logp": torch.tensor(src_mean, dtype=torch.float32), "cap_ratio": torch.cat(caps)},
         )
-        metrics: dict = {f"capability/{name}": p_r, "L_m": lower, "m": float(m),
+        metrics: dict = {f"capability/{name}": p_r, "L_m_first": lower, "m": float(m),
                          "peer_responses": float(sum(peer_flags))}
         for src in peers:
             metrics[f"capability/{src}"] = self.capability(src)
             metrics[f"cap_ratio/{src}"] = ratio[src]
-        kwargs = {"lower": lower, "alpha": self.alpha, "self_clip_low": self.self_clip_low,
-                  "self_clip_high": self.self_clip_high, "log_ratio_clamp": self.log_ratio_clamp}
-        return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics, flows=flows,
+        kwargs = {"lower_start": self.lower_start, "lower_slope": self.lower_slope,
+                  "lower_m0": m if per_step else 0, "lower_per_update": 0 if per_step else 1, "alpha": self.alpha,
+                  "self_clip_low": self.self_clip_low, "self_clip_high": self.self_clip_high,
+                  "log_ratio_clamp": self.log_ratio_clamp, "kl_peer_rows": self.kl_peer_rows}
+        return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics, flows=pairing.flows(),
                             objective="hacpo", objective_kwargs=kwargs)

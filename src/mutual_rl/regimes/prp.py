@@ -5,6 +5,8 @@ As implemented, for receiver ``R`` and each prompt ``q`` of its batch:
 1. **Pool.** ``R``'s rows for ``q`` are its own group followed by every peer's group for ``q`` (peers in their
    mapping order, i.e. the trainer's policy order), each peer response crossed to ``R``'s tokenization as text
    by the THL (``cross_rollouts``, after ``R``'s own prompt ids for ``q``). A peer missing ``q`` adds nothing.
+   Peer groups pair with ``R``'s groups by group identity (``regimes.base.pair_peer_groups``): a prompt that
+   occurs twice in the batch gives two pooled groups, each with the peers' group of its own slot.
 2. **Advantages** over the pooled group: ``Â_j = (r_j − mean(pool)) / (std(pool) + eps)`` (GRPO normalisation,
    unbiased std, zero-variance pool or pool of size 1 → 0), for own and peer rows alike *(ours: the paper pools
    trajectories; pooled normalisation is our rule)*. The advantages the groups arrived with are not used.
@@ -33,7 +35,12 @@ mini-batch's global normalisers (``token_count`` / ``num_seqs``, or this call's 
 rows when none are given) and summed; every aggregation mode is a sum over rows divided by a global
 normaliser, so splitting a mini-batch into micro-batches changes no gradient.
 
-Flows (units: peer responses): ``consumed`` when ``R`` has a group for the prompt, else ``no_own_group``.
+Flows (units: peer responses): ``consumed`` when the peer group pairs with one of ``R``'s groups, else
+``no_own_group``.
+
+KL (``algorithm.kl_coef > 0``): on every row, own and peer alike, against the reference's log-probs of the
+row's tokens in ``R``'s tokenization (peer responses are trained as ``R``'s tokens, so the penalty applies to
+them as to any token ``R`` is pushed towards).
 
 Metrics of the plan: ``prp/peer_rows`` (peer rows in the batch), ``prp/peer_frac`` (their share of rows),
 ``prp/pool_size`` (mean pooled group size), ``prp/peer_adv_mean`` (mean pooled advantage of the peer rows).
@@ -53,9 +60,16 @@ import torch
 from mutual_rl.algorithms import aggregate, kl_penalty, masked_mean
 from mutual_rl.policies.batch import collate
 from mutual_rl.policies.objectives import dapo_terms, register_objective
-from mutual_rl.regimes.base import Regime, TrainingPlan, register_regime, split_rows
+from mutual_rl.regimes.base import (
+    Regime,
+    TrainingPlan,
+    group_key,
+    pair_peer_groups,
+    register_regime,
+    split_rows,
+)
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
-from mutual_rl.regimes.xgrpo import consumed_or_no_own_group, peer_groups_by_prompt, pooled_advantages
+from mutual_rl.regimes.xgrpo import pooled_advantages
 from mutual_rl.thl import GRANULARITIES
 from mutual_rl.types import CrossedRollout
 
@@ -96,15 +110,15 @@ class PRP(Regime):
 
     def plan(self, receiver, own, peers, num_mini_batches):
         own = [g for g in own if g.rollouts]
-        by_prompt = peer_groups_by_prompt(peers)
+        pairing = pair_peer_groups(own, peers)
         aligned = self.denominator == "peer_aligned"
         prompt_ids = receiver_prompt_ids(own)
-        peer_rollouts = [r for g in own for _, pg in by_prompt.get(g.prompt_id, []) for r in pg.rollouts]
+        peer_rollouts = [r for g in own for _, pg in pairing.by_own[group_key(g)] for r in pg.rollouts]
         crossed = iter(cross_rollouts(receiver, peer_rollouts, prompt_ids,
                                       granularity=self.granularity if aligned else None))
         rows, advs, sizes, peer_adv = [], [], [], []
         for g in own:
-            pgs = [pg for _, pg in by_prompt.get(g.prompt_id, [])]
+            pgs = [pg for _, pg in pairing.by_own[group_key(g)]]
             adv = pooled_advantages(g.rewards, [pg.rewards for pg in pgs], self.eps)
             rows.extend(g.rollouts)
             rows.extend(next(crossed) for pg in pgs for _ in pg.rollouts)
@@ -125,8 +139,7 @@ class PRP(Regime):
             "prp/pool_size": sum(sizes) / len(sizes),
             "prp/peer_adv_mean": float(pa.mean()) if len(pa) else 0.0,
         }
-        flows = consumed_or_no_own_group(peers, {g.prompt_id for g in own})
-        return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics, flows=flows,
+        return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics, flows=pairing.flows(),
                             objective=objective, objective_kwargs=kwargs)
 
 
@@ -155,7 +168,7 @@ def truncated_is_terms(logp, behaviour_logp, advantages, mask, is_cap, agg, weig
 
 
 @register_objective("prp_tis")
-def prp_tis(logp, sub, *, cfg, token_count, num_seqs, max_len, ref_logp=None, is_cap=2.0):
+def prp_tis(logp, sub, *, cfg, token_count, num_seqs, max_len, ref_logp=None, update_index: int = 0, is_cap=2.0):
     """PRP ``peer_aligned``: DAPO on own rows + truncated IS against the aligned peer trace on peer rows.
 
     Rows with ``sub.extras["tis"] > 0`` use their ``old_logp`` (the aligned peer trace) as behaviour log-probs;

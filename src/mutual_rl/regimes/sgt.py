@@ -23,7 +23,9 @@ Applies in every direction and for any number of policies (N = 1: no peers, plai
 
 Flows per source (units: responses): the drawn success ``consumed``; on a gated prompt the other successes
 ``not_drawn`` and the failures ``not_success``; every response for a prompt whose gate is closed (``R`` had a
-success, or no peer had one) ``gate_closed``; responses for a prompt ``R`` did not answer ``no_own_group``.
+success, or no peer had one) ``gate_closed``; responses whose group pairs with none of ``R``'s groups ``no_own_group``. Peer groups pair with ``R``'s groups
+by group identity (``regimes.base.pair_peer_groups``): a prompt that occurs twice in a batch is two gates, each
+seeing the peers' groups of its own slot, so no peer response is counted twice.
 
 Metrics: ``rescued/<source>`` (rescued prompts whose draw came from that source, every source listed),
 ``rescued`` (their total), ``gate_rate`` (fraction of ``R``'s prompts with the gate open; equal to
@@ -32,6 +34,8 @@ The update reports the mean NLL itself (``nll``).
 
 Constructor arguments (``regime_args``): ``coef`` (λ, default 0.1), ``seed`` (draw seed, default 0),
 ``success_threshold`` (default 0.0; keep it equal to ``algorithm.success_threshold``).
+
+KL (``algorithm.kl_coef > 0``): on ``R``'s own rows (the GRPO batch); the NLL term's rescued rows carry no KL.
 """
 
 from __future__ import annotations
@@ -41,9 +45,17 @@ import random
 import torch
 
 from mutual_rl.policies.batch import collate
-from mutual_rl.regimes.base import NLLTerm, Regime, TrainingPlan, own_batch, register_regime, split_rows
+from mutual_rl.regimes.base import (
+    NLLTerm,
+    Regime,
+    TrainingPlan,
+    group_key,
+    own_batch,
+    pair_peer_groups,
+    register_regime,
+    split_rows,
+)
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
-from mutual_rl.regimes.xgrpo import peer_groups_by_prompt
 
 
 def draw_index(seed: int, step: int, receiver: str, prompt_id: int, num_candidates: int) -> int:
@@ -77,18 +89,16 @@ class SGT(Regime):
         batch = own_batch(receiver, own)
         mini_batches = split_rows(len(batch), num_mini_batches)
         row_to_mb = {r: i for i, rows in enumerate(mini_batches) for r in rows}
-        by_prompt = peer_groups_by_prompt(peers)
+        pairing = pair_peer_groups(own, peers)
         flows: dict[str, dict[str, int]] = {src: {} for src in peers}
 
         def count(src: str, reason: str, n: int) -> None:
             if n:
                 flows[src][reason] = flows[src].get(reason, 0) + n
 
-        own_prompts = {g.prompt_id for g in own}
-        for src, groups in peers.items():
+        for src, groups in pairing.unmatched.items():
             for g in groups:
-                if g.prompt_id not in own_prompts:
-                    count(src, "no_own_group", len(g.rollouts))
+                count(src, "no_own_group", len(g.rollouts))
 
         rescued: list = []  # drawn peer rollouts, in R's prompt order
         rescued_mb: list[int] = []
@@ -97,7 +107,7 @@ class SGT(Regime):
         thr = self.success_threshold
         for g in own:
             first_row, start = start, start + len(g.rollouts)
-            groups = by_prompt.get(g.prompt_id, [])
+            groups = pairing.by_own[group_key(g)]
             k_own = int((g.rewards > thr).sum())
             all_fail += k_own == 0
             candidates = [  # (source, group, index) of every peer success for q, by source name then position

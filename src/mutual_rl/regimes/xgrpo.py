@@ -4,7 +4,9 @@ The receiver ``R`` trains on its own rollouts only (strictly on-policy); only th
 the same prompt cross, so no THL is involved. As implemented, for every prompt ``q`` of ``R``'s batch:
 
 - pooled rewards ``∪_p R_p(q)`` = ``R``'s own rewards for ``q`` followed by those of every peer that answered
-  ``q`` (a peer missing ``q`` simply contributes nothing);
+  ``q`` (a peer missing ``q`` simply contributes nothing); peer groups are paired with ``R``'s groups by group
+  identity (``regimes.base.pair_peer_groups``), so a prompt that occurs twice in a batch pools each of ``R``'s
+  groups with the peers' group of the same slot only;
 - ``Â_i^R = (r_i^R − mean(∪_p R_p(q))) / (std(∪_p R_p(q)) + ε)`` for ``R``'s own responses only, ``std``
   unbiased (``torch.std``); a zero-variance pool and a pooled group of size 1 give ``Â = 0`` exactly
   (``algorithms.grpo_advantages`` on the pool as one group). *(ours: the paper states "on-policy rollouts,
@@ -15,8 +17,8 @@ the same prompt cross, so no THL is involved. As implemented, for every prompt `
   consulted).
 - Mini-batches: ``split_rows`` over ``R``'s own rows in its prompt order (as plain GRPO); DAPO objective.
 
-Flows (units: peer responses): a peer response is ``consumed`` (as its reward) when ``R`` has a group for its
-prompt, else dropped ``no_own_group``.
+Flows (units: peer responses): a peer response is ``consumed`` (as its reward) when its group pairs with one
+of ``R``'s groups, else dropped ``no_own_group``.
 
 Metrics: ``xgrpo/pooled_frac`` (fraction of ``R``'s prompts with at least one peer group), ``xgrpo/pool_size``
 (mean pooled group size), ``xgrpo/adv_abs_diff`` (mean ``|Â^XGRPO − Â^GRPO|`` over ``R``'s rows, against the
@@ -27,39 +29,20 @@ Constructor arguments (``regime_args``): ``eps`` (the ε above, default ``1e-6``
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from mutual_rl.algorithms import grpo_advantages
 from mutual_rl.policies.batch import collate
-from mutual_rl.regimes.base import Regime, TrainingPlan, register_regime, split_rows
-from mutual_rl.types import ScoredGroup
-
-
-def peer_groups_by_prompt(peers: Mapping[str, Sequence[ScoredGroup]]) -> dict[int, list[tuple[str, ScoredGroup]]]:
-    """prompt_id -> [(source, group), ...] in the peers' mapping order (groups without rollouts skipped)."""
-    out: dict[int, list[tuple[str, ScoredGroup]]] = {}
-    for src, groups in peers.items():
-        for g in groups:
-            if g.rollouts:
-                out.setdefault(g.prompt_id, []).append((src, g))
-    return out
-
-
-def consumed_or_no_own_group(
-    peers: Mapping[str, Sequence[ScoredGroup]], own_prompts: set[int]
-) -> dict[str, dict[str, int]]:
-    """Flows: peer responses whose prompt ``R`` answered are consumed, the others dropped ``no_own_group``."""
-    flows: dict[str, dict[str, int]] = {}
-    for src, groups in peers.items():
-        f = flows.setdefault(src, {})
-        for g in groups:
-            if not g.rollouts:
-                continue
-            key = "consumed" if g.prompt_id in own_prompts else "no_own_group"
-            f[key] = f.get(key, 0) + len(g.rollouts)
-    return flows
+from mutual_rl.regimes.base import (
+    Regime,
+    TrainingPlan,
+    group_key,
+    pair_peer_groups,
+    register_regime,
+    split_rows,
+)
 
 
 def pooled_advantages(own: torch.Tensor, others: Sequence[torch.Tensor], eps: float) -> torch.Tensor:
@@ -86,11 +69,11 @@ class XGRPO(Regime):
         self.eps = float(eps)
 
     def plan(self, receiver, own, peers, num_mini_batches):
-        by_prompt = peer_groups_by_prompt(peers)
         own = [g for g in own if g.rollouts]
+        pairing = pair_peer_groups(own, peers)
         rollouts, advs, old_advs, sizes, pooled = [], [], [], [], 0
         for g in own:
-            others = [pg.rewards for _, pg in by_prompt.get(g.prompt_id, [])]
+            others = [pg.rewards for _, pg in pairing.by_own[group_key(g)]]
             adv = pooled_advantages(g.rewards, others, self.eps)[: len(g.rollouts)]
             rollouts.extend(g.rollouts)
             advs.append(adv)
@@ -105,5 +88,5 @@ class XGRPO(Regime):
             "xgrpo/adv_abs_diff": float((adv - torch.cat(old_advs)).abs().mean()),
             "xgrpo/signal_frac": float((adv != 0).float().mean()),
         }
-        flows = consumed_or_no_own_group(peers, {g.prompt_id for g in own})
-        return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics, flows=flows)
+        return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics,
+                            flows=pairing.flows())
