@@ -102,3 +102,38 @@ def test_parquet_without_pyarrow_says_how_to_install(tmp_path, monkeypatch):
     f.write_bytes(b"PAR1")
     with pytest.raises(ImportError, match="pip install pyarrow"):
         load_problems(f)
+
+
+def test_non_utf8_line_names_file_line_and_fix(tmp_path):
+    f = tmp_path / "latin1.jsonl"
+    f.write_bytes(b'{"problem": "1+1=", "answer": "2"}\n' + '{"problem": "café", "answer": "3"}\n'.encode("latin-1"))
+    with pytest.raises(ValueError) as err:
+        load_problems(f)
+    msg = str(err.value)
+    assert msg.startswith(f"{f}: line 2 is not valid UTF-8 (byte 0xe9 at byte 17 of the line")
+    assert "re-save it as UTF-8" in msg
+
+
+def test_non_utf8_json_array_names_the_line(tmp_path):
+    f = tmp_path / "a.json"
+    f.write_bytes(b'[\n{"problem": "a", "answer": 1},\n{"problem": "\xff", "answer": 2}\n]')
+    with pytest.raises(ValueError, match=r"a.json: line 3 is not valid UTF-8 \(byte 0xff at byte 14 of the line"):
+        load_problems(f)
+
+
+def test_byte_order_mark_and_unicode_line_separators(tmp_path):
+    f = tmp_path / "bom.jsonl"
+    rows = [{"problem": "first\u2028second", "answer": "1"}, {"problem": "b", "answer": "2"}]
+    f.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows).encode("utf-8"))
+    assert load_problems(f) == [Problem(0, "first\u2028second", "1"), Problem(1, "b", "2")]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"\xef\xbb\xbf" + b'{"problem": "a", "answer": 1}\n\xc3(')
+    with pytest.raises(ValueError, match=r"bad.jsonl: line 2 is not valid UTF-8 \(byte 0xc3 at byte 1 of the line"):
+        load_problems(bad)
+
+
+def test_malformed_json_array_names_file_and_line(tmp_path):
+    f = tmp_path / "a.json"
+    f.write_text('[\n{"problem": "a", "answer": 1},\n{"problem": "b" "answer": 2}\n]')
+    with pytest.raises(ValueError, match=r"a.json: not valid JSON \(.*line 3 column"):
+        load_problems(f)

@@ -2,10 +2,15 @@
 
 Formats (by extension, case-insensitive):
 
-* ``.jsonl``: one JSON object per line; blank lines are skipped; rows are numbered by 1-based line number.
+* ``.jsonl``: one JSON object per line (lines end at ``\n``; a trailing ``\r`` is ignored, and Unicode line
+  separators such as U+2028 inside a value do not end a line); blank lines are skipped; rows are numbered by
+  1-based line number. A line that is not valid JSON raises ``ValueError`` naming the file and the line.
 * ``.json``: a JSON array of objects if the first non-blank character is ``[``, otherwise JSON lines as above;
   array rows are numbered 1-based.
 * ``.parquet``: via ``pyarrow`` (optional: ``pip install pyarrow``); rows numbered 1-based.
+
+JSON and JSONL files must be UTF-8 (a leading byte-order mark is allowed and dropped); bytes that are not UTF-8
+raise ``ValueError`` naming the file, the line and the byte position in that line of the first bad byte.
 
 Each row must be an object with a non-empty string ``problem_key`` field and a non-empty ``answer_key`` field
 (a string, or a number converted with ``str``; a float with an integer value such as ``46.0`` becomes
@@ -16,6 +21,7 @@ Anything else raises one ``ValueError`` naming the file, the row, the problem an
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,8 +32,24 @@ from mutual_rl.data.task import Problem
 SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet")
 
 
+def _read_utf8(path: Path) -> str:
+    """The file's text; the first non-UTF-8 byte raises ``ValueError`` with its 1-based line and column."""
+    data = path.read_bytes()
+    start = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return data[start:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = start + exc.start
+        line = data.count(b"\n", 0, bad) + 1
+        column = bad - (data.rfind(b"\n", 0, bad) + 1) + 1
+        raise ValueError(
+            f"{path}: line {line} is not valid UTF-8 (byte 0x{data[bad]:02x} at byte {column} of the line: "
+            f"{exc.reason}); prompt files must be UTF-8: re-save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+
+
 def _iter_json(path: Path) -> Iterator[tuple[int, Any]]:
-    text = path.read_text(encoding="utf-8")
+    text = _read_utf8(path)
     if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
         try:
             rows = json.loads(text)
@@ -35,7 +57,7 @@ def _iter_json(path: Path) -> Iterator[tuple[int, Any]]:
             raise ValueError(f"{path}: not valid JSON ({exc})") from None
         yield from enumerate(rows, start=1)
         return
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:

@@ -25,6 +25,7 @@ class Policy(nn.Module):
         self.tokenizer = tokenizer
         self.version = 0
         self.share_prompts = True  # one prompt forward per group in response_logp (see its docstring)
+        self.max_prompt_tokens: int | None = None  # prompt_overflow: truncate sets it (see encode_prompt)
         if spec.disable_dropout:  # before LoRA: the adapters' dropout is lora.dropout, as configured
             disable_dropout(model)
         if spec.lora is not None:
@@ -48,7 +49,18 @@ class Policy(nn.Module):
         return self.spec.render_prompt(problem)
 
     def encode_prompt(self, text: str) -> list[int]:
-        """Prompt ids in this policy's format (chat template if configured; BOS as its tokenizer adds it)."""
+        """Prompt ids in this policy's format (chat template if configured; BOS as its tokenizer adds it), cut to
+        their last ``max_prompt_tokens`` (a leading BOS kept) when that is set (``model.prompt_overflow:
+        truncate``)."""
+        if self.max_prompt_tokens is None:
+            return self.encode_full_prompt(text)
+        from mutual_rl.data.prompt_length import truncated_prompt_ids
+
+        return truncated_prompt_ids(self.encode_full_prompt, text, self.max_prompt_tokens,
+                                    getattr(self.tokenizer, "bos_token_id", None))
+
+    def encode_full_prompt(self, text: str) -> list[int]:
+        """:meth:`encode_prompt` without truncation."""
         return prompt_ids(self.tokenizer, text, chat_template=self.spec.chat_template)
 
     def response_logp(

@@ -8,6 +8,7 @@ import torch
 
 from mutual_rl.algorithms import group_outcome_stats, grpo_advantages
 from mutual_rl.data.task import Problem
+from mutual_rl.rewards.guard import GuardedReward
 from mutual_rl.types import Rollout, ScoredGroup
 
 
@@ -16,9 +17,23 @@ def score_groups(
     reward_fn: Callable[[str, str], float], *, eps: float = 1e-6, scale: str = "group",
     success_threshold: float = 0.0,
 ) -> tuple[list[ScoredGroup], dict[str, float]]:
-    """One ScoredGroup per problem (rewards on the response text) and the group-outcome metrics."""
-    rewards = [torch.tensor([reward_fn(r.response_text, p.answer) for r in rs], dtype=torch.float32)
-               for p, rs in zip(problems, per_prompt)]
+    """One ScoredGroup per problem (rewards on the response text) and the group-outcome metrics.
+
+    ``reward_fn`` is called through a :class:`~mutual_rl.rewards.guard.GuardedReward` (a plain function gets one
+    with the defaults: 5 s per call, errors raise). The metrics count this call's skipped reward calls:
+    ``reward_errors`` and ``reward_timeouts`` (0.0 and 0.0 when none failed).
+    """
+    guard = reward_fn if isinstance(reward_fn, GuardedReward) else GuardedReward(reward_fn)
+    counts = {"error": 0, "timeout": 0}
+    rewards = []
+    for p, rs in zip(problems, per_prompt):
+        values = []
+        for r in rs:
+            value, status = guard.score(r.response_text, p.answer, where=f"policy {policy_id!r}, prompt {p.prompt_id}")
+            values.append(value)
+            if status in counts:
+                counts[status] += 1
+        rewards.append(torch.tensor(values, dtype=torch.float32))
     flat_r = torch.cat(rewards)
     flat_g = torch.cat([torch.full((len(rs),), rs[0].group_id, dtype=torch.long) for rs in per_prompt])
     adv = grpo_advantages(flat_r, flat_g, eps=eps, scale=scale)
@@ -33,5 +48,6 @@ def score_groups(
         "all_pass_frac": stats["all_pass_frac"], "mixed_frac": stats["mixed_frac"],
         "response_length": sum(len(x.response_ids) for x in flat) / len(flat),
         "eos_frac": sum(x.finish_reason == "eos" for x in flat) / len(flat),
+        "reward_errors": float(counts["error"]), "reward_timeouts": float(counts["timeout"]),
     }
     return groups, metrics

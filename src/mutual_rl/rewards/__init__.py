@@ -2,7 +2,8 @@
 
 Registered names: ``integer_match`` (strict integer exact match, the built-in task's reward),
 ``boxed_integer_match``, ``last_integer`` (lenient), ``boxed_format``, ``math_verify`` (math-verify in a
-worker process with a hard time limit). Resolve a name once with :func:`get_reward`.
+worker process with a hard time limit). Resolve a name once with :func:`get_reward`; a run calls it through
+:class:`GuardedReward` (a time limit per call, results checked; :mod:`mutual_rl.rewards.guard`).
 """
 
 from mutual_rl.rewards.base import (
@@ -13,6 +14,7 @@ from mutual_rl.rewards.base import (
     register_reward,
     score,
 )
+from mutual_rl.rewards.guard import GuardedReward, RewardError, check_reward_settings
 from mutual_rl.rewards.integer import (
     boxed_format,
     boxed_integer_match,
@@ -23,12 +25,15 @@ from mutual_rl.rewards.integer import (
 from mutual_rl.rewards.verify import MathVerifier, math_verify, math_verify_with_info
 
 __all__ = [
+    "GuardedReward",
     "MathVerifier",
+    "RewardError",
     "RewardFn",
     "RewardResult",
     "available_rewards",
     "boxed_format",
     "boxed_integer_match",
+    "check_reward_settings",
     "get_reward",
     "integer_match",
     "integer_match_with_info",

@@ -10,6 +10,10 @@ worker process (``spawn`` start method, started lazily on first use, math-verify
 * any exception inside parse/verify gives 0.0 with info ``"error: ..."``; a dead worker is restarted;
 * calls may come from any thread (a lock serialises them) and from forked children (which start their own).
 
+The registered ``math_verify`` uses a 5 s limit when called directly; in a run, the reward guard
+(:mod:`mutual_rl.rewards.guard`) calls ``math_verify.with_time_limit(model.reward_timeout_s)`` instead, so the
+run's limit is this worker's (no second alarm), and each ``"timeout"`` is counted in ``<policy>/reward_timeouts``.
+
 Rule, exactly: the gold ``answer`` is parsed as ``\\boxed{answer}`` unless it already contains ``\\boxed`` or
 ``$`` (then as is); the completion is parsed with math-verify's defaults (LaTeX and plain expressions; a
 ``\\boxed{}`` has priority). Reward 1.0 iff both parses are non-empty and ``verify(gold, pred)`` is true.
@@ -146,19 +150,32 @@ class MathVerifier:
     def __call__(self, completion: str, answer: str) -> float:
         return self.verify_with_info(completion, answer).value
 
+    def with_time_limit(self, timeout_s: float | None):
+        """This verifier's ``verify_with_info``: an instance keeps the ``timeout_s`` it was built with (the
+        reward guard calls this instead of adding an alarm; see :mod:`mutual_rl.rewards.guard`)."""
+        del timeout_s
+        return self.verify_with_info
 
-_DEFAULT: MathVerifier | None = None
+
+DEFAULT_TIMEOUT_S = 5.0
+_VERIFIERS: dict[float, MathVerifier] = {}
 _DEFAULT_LOCK = threading.Lock()
 
 
-def default_verifier() -> MathVerifier:
-    """The process-wide verifier used by the registered ``math_verify`` reward (5 s limit)."""
-    global _DEFAULT
+def verifier_for(timeout_s: float | None = None) -> MathVerifier:
+    """The process-wide verifier with limit ``timeout_s`` seconds (``None``: 5 s); one worker per distinct limit,
+    each started on first use and stopped at exit."""
+    timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
     with _DEFAULT_LOCK:
-        if _DEFAULT is None:
-            _DEFAULT = MathVerifier()
-            atexit.register(_DEFAULT.close)
-        return _DEFAULT
+        if timeout_s not in _VERIFIERS:
+            _VERIFIERS[timeout_s] = MathVerifier(timeout_s=timeout_s)
+            atexit.register(_VERIFIERS[timeout_s].close)
+        return _VERIFIERS[timeout_s]
+
+
+def default_verifier() -> MathVerifier:
+    """The process-wide verifier used by the registered ``math_verify`` reward called directly (5 s limit)."""
+    return verifier_for(DEFAULT_TIMEOUT_S)
 
 
 def math_verify_with_info(completion: str, answer: str) -> RewardResult:
@@ -170,3 +187,11 @@ def math_verify_with_info(completion: str, answer: str) -> RewardResult:
 def math_verify(completion: str, answer: str) -> float:
     """1.0 iff math-verify judges the completion's answer equal to the gold (module docstring), else 0.0."""
     return default_verifier().verify_with_info(completion, answer).value
+
+
+def _math_verify_with_time_limit(timeout_s: float | None):
+    """``math_verify_with_info`` under limit ``timeout_s`` (the run's ``model.reward_timeout_s``)."""
+    return verifier_for(timeout_s).verify_with_info
+
+
+math_verify.with_time_limit = _math_verify_with_time_limit  # type: ignore[attr-defined]
