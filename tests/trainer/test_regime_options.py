@@ -77,6 +77,12 @@ def test_regime_with_kl_lora_repeated_prompts(regime, args, lora, tmp_path):
             assert all("lora_" in k for k in changed)
         kl = [r[f"{name}/kl"] for r in rec.rows if f"{name}/kl" in r]
         assert kl and all(math.isfinite(v) and v >= 0 for v in kl), (name, kl)
+    if regime in ("prp", "hacpo"):  # regimes that carry every peer response across: THL residual per direction
+        for r in names:
+            for src in names:
+                if src != r:
+                    v = rec.rows[0][f"thl/{src}->{r}/residual_mean"]
+                    assert math.isfinite(v) and v >= 0, (src, r, v)
     for flow, counts in ex.totals().items():  # every delivered response consumed or dropped, none twice
         dropped = sum(v for k, v in counts.items() if k.startswith("dropped/"))
         assert counts.get("consumed", 0) + dropped == counts["delivered"], flow

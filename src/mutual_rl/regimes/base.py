@@ -36,6 +36,8 @@ class TrainingPlan:
     ``flows[source]`` accounts for every peer response delivered to this receiver: ``{"consumed": n,
     "<drop reason>": m, ...}`` in units of responses (the exchange checks that nothing is lost).
     ``objective`` names the loss (``policies.objectives`` registry) and ``objective_kwargs`` its scalars.
+    ``crossed`` lists the peer responses this plan carried into the receiver's tokenization (THL), for the
+    residual report; ``None`` for a regime that crosses no text.
     """
 
     batch: PolicyBatch
@@ -45,6 +47,7 @@ class TrainingPlan:
     objective: str = "dapo"
     objective_kwargs: dict = field(default_factory=dict)
     nll: NLLTerm | None = None
+    crossed: list | None = None
 
 
 class Regime:

@@ -11,7 +11,9 @@ from collections.abc import Sequence
 
 import torch
 
-from mutual_rl.thl import align_traces
+from mutual_rl.distributed import agree_max, lockstep_needed
+from mutual_rl.policies.batch import collate
+from mutual_rl.thl import align_traces, alignment_groups, residual_report
 from mutual_rl.thl.offsets import encode_batch_with_offsets
 from mutual_rl.types import CrossedRollout, Rollout
 
@@ -56,3 +58,59 @@ def cross_rollouts(
 def receiver_prompt_ids(own_groups) -> dict[int, torch.Tensor]:
     """prompt_id -> the receiver's prompt ids, from its own groups."""
     return {g.prompt_id: g.rollouts[0].prompt_ids for g in own_groups if g.rollouts}
+
+
+@torch.no_grad()
+def receiver_logp(receiver, crossed: Sequence[CrossedRollout], batch_size: int = 16) -> list[torch.Tensor]:
+    """Per crossed row: the receiver's log-probs ``[T]`` of its response tokens (current weights, the receiver's
+    sampling temperature), in forwards of ``batch_size`` rows (0 = all at once).
+
+    Under FSDP with several ranks every rank runs as many forwards as the busiest one (dummies), so every rank
+    must call this, with or without rows."""
+    temperature = receiver.spec.sampling.temperature
+    size = batch_size or max(len(crossed), 1)
+    starts = list(range(0, len(crossed), size))
+    if lockstep_needed(getattr(receiver, "model", None)):
+        for _ in range(agree_max([len(starts)])[0] - len(starts)):
+            receiver.dummy_logp(temperature)
+    if not crossed:
+        return []
+    batch = collate(list(crossed), torch.zeros(len(crossed)), receiver.tokenizer.pad_token_id)
+    device = getattr(receiver, "device", None)
+    out: list[torch.Tensor] = []
+    for start in starts:
+        sub = batch.select(list(range(start, min(start + size, len(crossed)))))
+        ids, attn = sub.input_ids, sub.attention_mask
+        if device is not None:
+            ids, attn = ids.to(device), attn.to(device)
+        logp, _ = receiver.response_logp(ids, attn, batch.response_width, temperature)
+        logp = logp.detach().float().cpu()
+        for row, c in enumerate(crossed[start:start + size]):
+            out.append(logp[row, : len(c.response_ids)].clone())
+    return out
+
+
+def thl_residual(receiver, crossed: Sequence[CrossedRollout], granularity: str = "word",
+                 batch_size: int = 16) -> dict[str, float]:
+    """How well the THL-aligned peer traces match the receiver's own log-probs, per direction ``<source>-><R>``.
+
+    For every crossed response: the source's sampled trace aligned onto the receiver's tokens (``granularity``)
+    against the receiver's log-probs of those tokens (:func:`receiver_logp`, under the current weights), through
+    :func:`mutual_rl.thl.residual_report`. Metrics ``thl/<source>-><R>/residual_mean``, ``residual_p90``,
+    ``residual_max`` (nats per token) and ``group_count_mismatch`` (share of alignment groups whose token counts
+    differ). Runs one no-grad receiver forward over the rows (every rank must call it under FSDP)."""
+    own = receiver_logp(receiver, crossed, batch_size)
+    if not crossed:
+        return {}
+    texts = [c.source.response_text for c in crossed]
+    aligned = align_traces(texts, [list(c.source.offsets) for c in crossed], [c.source.logp for c in crossed],
+                           [list(c.offsets) for c in crossed], granularity=granularity)
+    out: dict[str, float] = {}
+    for src in dict.fromkeys(c.policy_id for c in crossed):
+        idx = [i for i, c in enumerate(crossed) if c.policy_id == src]
+        groups = [alignment_groups(texts[i], list(crossed[i].source.offsets), list(crossed[i].offsets), granularity)
+                  for i in idx]
+        rep = residual_report([aligned[i] for i in idx], [own[i] for i in idx], groups)
+        for k in ("residual_mean", "residual_p90", "residual_max", "group_count_mismatch"):
+            out[f"thl/{src}->{receiver.name}/{k}"] = rep[k]
+    return out

@@ -66,7 +66,6 @@ from collections.abc import Hashable, Mapping, Sequence
 
 import torch
 
-from mutual_rl.distributed import agree_max, lockstep_needed
 from mutual_rl.policies.batch import collate
 from mutual_rl.regimes.base import (
     Regime,
@@ -76,7 +75,7 @@ from mutual_rl.regimes.base import (
     register_regime,
     split_rows,
 )
-from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
+from mutual_rl.regimes.crossing import cross_rollouts, receiver_logp, receiver_prompt_ids
 from mutual_rl.types import ScoredGroup
 
 PEER_LAST = ("in_batch", "extra", "none")
@@ -169,34 +168,6 @@ class GRAFT(Regime):
         rank = {n: i for i, n in enumerate(self.policy_order)}
         return sorted(names, key=lambda n: (rank.get(n, len(rank)), names.index(n)))
 
-    @torch.no_grad()
-    def _receiver_mean_logp(self, receiver, crossed) -> list[torch.Tensor]:
-        """Per crossed row: the receiver's per-token log-probs of its response tokens (``π_R,old``).
-
-        Under FSDP with several ranks, every rank runs as many forwards as the busiest one (dummies; see
-        ``mutual_rl.distributed``)."""
-        temperature = receiver.spec.sampling.temperature
-        size = self.logp_batch_size or max(len(crossed), 1)
-        starts = list(range(0, len(crossed), size))
-        if lockstep_needed(getattr(receiver, "model", None)):
-            for _ in range(agree_max([len(starts)])[0] - len(starts)):
-                receiver.dummy_logp(temperature)
-        if not crossed:
-            return []
-        batch = collate(crossed, torch.zeros(len(crossed)), receiver.tokenizer.pad_token_id)
-        device = getattr(receiver, "device", None)
-        out: list[torch.Tensor] = []
-        for start in starts:
-            sub = batch.select(list(range(start, min(start + size, len(crossed)))))
-            ids, attn = sub.input_ids, sub.attention_mask
-            if device is not None:
-                ids, attn = ids.to(device), attn.to(device)
-            logp, _ = receiver.response_logp(ids, attn, batch.response_width, temperature)
-            logp = logp.detach().float().cpu()
-            for row, c in enumerate(crossed[start:start + size]):
-                out.append(logp[row, : len(c.response_ids)].clone())
-        return out
-
     def plan(self, receiver, own, peers, num_mini_batches):
         own = [g for g in own if g.rollouts]
         own_by = {group_key(g): g for g in own}
@@ -208,7 +179,7 @@ class GRAFT(Regime):
                 peer_by[src][key] = g
         metrics: dict = {}
         cands, kept, chosen = self._select(own_by, peer_by, order, metrics)
-        grafted, below, all_s, evaluated = self._graft(receiver, own, own_by, peer_by, chosen)
+        grafted, below, all_s, evaluated, crossed = self._graft(receiver, own, own_by, peer_by, chosen)
         flows = self._flows(peers, pairing, peer_by, cands, kept, chosen, below)
         for src in order:
             metrics[f"rescued/{src}"] = float(sum(1 for _, s_, _ in grafted if s_ == src))
@@ -224,7 +195,7 @@ class GRAFT(Regime):
             metrics["compat_s_min"] = float(s_all.min())
             metrics["compat_s_max"] = float(s_all.max())
         metrics["hist/compat_s"] = s_all
-        return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, objective="dapo")
+        return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, objective="dapo", crossed=crossed)
 
     def _select(self, own_by, peer_by, order, metrics):
         """Steps 1-3: candidates per source, balancing, and one source per receiver group (N > 2)."""
@@ -250,11 +221,13 @@ class GRAFT(Regime):
         """Step 4: cross every chosen group, score each response's compatibility, keep ``w > 0``.
 
         Returns ``grafted`` (``[(key, source, [(crossed with old logp, advantage, w), ...])]`` in ``R``'s group
-        order), the per-source count of responses below the floor, the evaluated ``s`` and their number."""
+        order), the per-source count of responses below the floor, the evaluated ``s``, their number and every
+        crossed response."""
         selected = [(q, chosen[q]) for q in own_by if q in chosen]
         prompt_ids = receiver_prompt_ids(own)
         crossed_groups = [cross_rollouts(receiver, peer_by[src][q].rollouts, prompt_ids) for q, src in selected]
-        r_logp = self._receiver_mean_logp(receiver, [c for cs in crossed_groups for c in cs])
+        flat = [c for cs in crossed_groups for c in cs]
+        r_logp = receiver_logp(receiver, flat, self.logp_batch_size)
         all_s: list[torch.Tensor] = []
         grafted = []
         below: dict[str, dict] = {src: {} for src in peer_by}
@@ -273,7 +246,7 @@ class GRAFT(Regime):
             if rows:
                 grafted.append((q, src, rows))
             below[src][q] = len(cs) - len(rows)
-        return grafted, below, all_s, evaluated
+        return grafted, below, all_s, evaluated, flat
 
     @staticmethod
     def _flows(peers, pairing, peer_by, cands, kept, chosen, below) -> dict[str, dict[str, int]]:

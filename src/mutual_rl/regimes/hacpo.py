@@ -276,7 +276,7 @@ class HACPO(Regime):
 
         pairing = pair_peer_groups(own, peers)
         prompt_ids = receiver_prompt_ids(own)
-        rows, advs, peer_flags, src_mean, caps = [], [], [], [], []
+        rows, advs, peer_flags, src_mean, caps, all_crossed = [], [], [], [], [], []
         for g in own:
             pooled = [(None, g)] + pairing.by_own.get(group_key(g), [])
             rewards = torch.cat([pg.rewards.float() for _, pg in pooled])
@@ -290,7 +290,9 @@ class HACPO(Regime):
                     rows += list(pg.rollouts)
                     src_mean += [0.0] * len(pg.rollouts)
                 else:
-                    rows += cross_rollouts(receiver, pg.rollouts, prompt_ids)
+                    crossed = cross_rollouts(receiver, pg.rollouts, prompt_ids)
+                    rows += crossed
+                    all_crossed += crossed
                     src_mean += [float(r.logp.double().sum() / max(r.logp.numel(), 1)) for r in pg.rollouts]
                 peer_flags += [s is not None] * len(pg.rollouts)
             caps.append(r_of)
@@ -309,4 +311,4 @@ class HACPO(Regime):
                   "self_clip_low": self.self_clip_low, "self_clip_high": self.self_clip_high,
                   "log_ratio_clamp": self.log_ratio_clamp, "kl_peer_rows": self.kl_peer_rows}
         return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics, flows=pairing.flows(),
-                            objective="hacpo", objective_kwargs=kwargs)
+                            objective="hacpo", objective_kwargs=kwargs, crossed=all_crossed)

@@ -114,8 +114,9 @@ class PRP(Regime):
         aligned = self.denominator == "peer_aligned"
         prompt_ids = receiver_prompt_ids(own)
         peer_rollouts = [r for g in own for _, pg in pairing.by_own[group_key(g)] for r in pg.rollouts]
-        crossed = iter(cross_rollouts(receiver, peer_rollouts, prompt_ids,
-                                      granularity=self.granularity if aligned else None))
+        all_crossed = cross_rollouts(receiver, peer_rollouts, prompt_ids,
+                                     granularity=self.granularity if aligned else None)
+        crossed = iter(all_crossed)
         rows, advs, sizes, peer_adv = [], [], [], []
         for g in own:
             pgs = [pg for _, pg in pairing.by_own[group_key(g)]]
@@ -140,7 +141,7 @@ class PRP(Regime):
             "prp/peer_adv_mean": float(pa.mean()) if len(pa) else 0.0,
         }
         return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics, flows=pairing.flows(),
-                            objective=objective, objective_kwargs=kwargs)
+                            objective=objective, objective_kwargs=kwargs, crossed=all_crossed)
 
 
 def truncated_is_terms(logp, behaviour_logp, advantages, mask, is_cap, agg, weights, max_len, token_count,

@@ -130,7 +130,7 @@ class SGT(Regime):
             rescued_mb.append(row_to_mb[first_row])
             rescued_by[src_d] += 1
 
-        nll = None
+        nll, crossed = None, []
         if rescued:
             crossed = cross_rollouts(receiver, rescued, receiver_prompt_ids(own))
             nll_batch = collate(crossed, torch.zeros(len(crossed)), receiver.tokenizer.pad_token_id)
@@ -141,4 +141,4 @@ class SGT(Regime):
         metrics = {f"rescued/{src}": float(n) for src, n in rescued_by.items()}
         metrics.update(rescued=float(len(rescued)), gate_rate=len(rescued) / len(own),
                        all_fail_frac=all_fail / len(own))
-        return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, nll=nll)
+        return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, nll=nll, crossed=crossed)
