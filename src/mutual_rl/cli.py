@@ -1,10 +1,27 @@
-"""``mutual-rl``: the LightningCLI entry point (``fit``, ``validate``, ``--help``, ``--print_config``)."""
+"""``mutual-rl``: the LightningCLI entry point (``fit``, ``validate``, ``--help``, ``--print_config``).
+
+Beyond Lightning's CLI:
+
+* no ``--optimizer`` / ``--lr_scheduler``: every policy has its own AdamW (``model.policies[i].optimizer``);
+  Lightning's automatic single optimizer would replace them, so giving either is a parse error saying so;
+* checkpoints are written with :class:`~mutual_rl.callbacks.checkpointing.AtomicCheckpointIO` (atomic, fsynced)
+  unless the trainer is given another checkpoint plugin;
+* ``--ckpt_path`` is checked before any model is built: a missing path, or a file that is not a complete
+  checkpoint, is one error naming the path;
+* a rich progress bar by default.
+"""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import yaml
 from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from mutual_rl.callbacks.checkpointing import AtomicCheckpointIO, is_special_ckpt_path, verify_checkpoint_file
 from mutual_rl.data.datamodule import PromptDataModule
 from mutual_rl.module import MutualRLModule
 
@@ -20,9 +37,31 @@ TRAINER_DEFAULTS = {
     "default_root_dir": "runs",
 }
 
+_UNSUPPORTED = ("--optimizer", "--lr_scheduler")
+
 
 class MutualRLCLI(LightningCLI):
-    """LightningCLI for :class:`MutualRLModule` and :class:`PromptDataModule`; a rich progress bar by default."""
+    """LightningCLI for :class:`MutualRLModule` and :class:`PromptDataModule` (module docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["auto_configure_optimizers"] = False  # per-policy optimizers: configure_optimizers is the module's
+        super().__init__(*args, **kwargs)
+
+    def parse_arguments(self, parser, args) -> None:
+        argv = sys.argv[1:] if args is None else args
+        if isinstance(argv, (list, tuple)):
+            flag = _unsupported_optimizer_option([str(a) for a in argv])
+            if flag is not None:
+                parser.error(
+                    f"{flag} is not an option of mutual-rl: each policy has its own AdamW, set per policy under "
+                    "model.policies[i].optimizer (lr, betas, weight_decay, eps, grad_clip) in the config file; "
+                    "the learning rate is constant (no lr_scheduler)."
+                )
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and not is_special_ckpt_path(ckpt_path):
+            verify_checkpoint_file(ckpt_path)  # before Lightning reads it (and before any model is built)
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config.get(self.subcommand) if self.subcommand else self.config
@@ -34,16 +73,47 @@ class MutualRLCLI(LightningCLI):
             callbacks.append(Namespace(class_path="lightning.pytorch.callbacks.RichProgressBar", init_args=Namespace()))
             trainer.callbacks = callbacks
 
+    def instantiate_trainer(self, **kwargs):
+        trainer = super().instantiate_trainer(**kwargs)
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default, not a user's plugin
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        return trainer
 
-def main(args=None) -> None:
-    MutualRLCLI(
+
+def _unsupported_optimizer_option(argv: list[str]) -> str | None:
+    """The first ``--optimizer`` / ``--lr_scheduler`` option in ``argv``, or such a top-level key of a config file
+    given with ``--config`` / ``-c`` (as ``optimizer`` / ``lr_scheduler``); None if there is none."""
+    for i, token in enumerate(argv):
+        flag, _, value = token.partition("=")
+        if any(flag == u or flag.startswith(u + ".") for u in _UNSUPPORTED):
+            return flag
+        if flag in ("--config", "-c"):
+            path = Path(value or (argv[i + 1] if i + 1 < len(argv) else ""))
+            try:
+                loaded = yaml.safe_load(path.read_text()) if path.is_file() else None
+            except (OSError, yaml.YAMLError):
+                loaded = None  # jsonargparse reports unreadable config files itself
+            for key in ("optimizer", "lr_scheduler"):
+                if isinstance(loaded, dict) and key in loaded:
+                    return f"{key} (in {path})"
+    return None
+
+
+def build_cli(args=None, run: bool = True) -> MutualRLCLI:
+    """The ``mutual-rl`` CLI on ``args`` (default: ``sys.argv``); with ``run=False`` only parsed and instantiated."""
+    return MutualRLCLI(
         MutualRLModule,
         PromptDataModule,
         trainer_defaults=TRAINER_DEFAULTS,
         args=args,
+        run=run,
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"description": "Mutual RL: train heterogeneous LLM policies together with GRPO."},
     )
+
+
+def main(args=None) -> None:
+    build_cli(args)
 
 
 if __name__ == "__main__":

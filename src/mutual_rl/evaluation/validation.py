@@ -1,8 +1,10 @@
 """Held-out evaluation during fit and in ``mutual-rl validate``.
 
 Per policy and problem: ``k`` sampled responses (papers' protocol: temperature 0.6, top-p 0.95, k = 8) scored by
-the run's reward (correct iff reward > 0), plus, with ``greedy``, one greedy response. Metrics per policy, overall
-and per skill (``<metric>/<skill>``, skill ``""`` shown as ``other``; only when problems carry skills):
+the run's reward (correct iff reward > 0), plus, with ``greedy``, one greedy response. ``temperature: 0`` is greedy
+decoding: the k samples are the one greedy response (so pass@1 = pass@k = maj@k = greedy accuracy; decoded once
+and reused for ``greedy``). Metrics per policy, overall and per skill (``<metric>/<skill>``, skill ``""`` shown as
+``other``; only when problems carry skills):
 
 * ``pass@1``: mean over the k samples, then over problems; ``pass@k``: unbiased ``1 - C(n-c, k)/C(n, k)``;
 * ``maj@k``: majority vote over the answers extracted with the reward's own rule
@@ -49,7 +51,9 @@ class EvalConfig:
     k: int = 8
     """Samples per problem."""
     temperature: float = 0.6
+    """Sampling temperature of the k samples; 0 = greedy decoding (the k samples are the greedy response)."""
     top_p: float = 0.95
+    """Nucleus sampling mass of the k samples (unused when ``temperature`` is 0)."""
     max_new_tokens: int | None = None
     """Default: each policy's own ``sampling.max_new_tokens``."""
     seed: int = 1234
@@ -62,6 +66,10 @@ class EvalConfig:
     def __post_init__(self):
         if self.k < 1:
             raise ValueError(f"evaluation.k must be >= 1 (got {self.k}).")
+        if self.temperature < 0:
+            raise ValueError(f"evaluation.temperature must be >= 0 (got {self.temperature}); 0 decodes greedily.")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"evaluation.top_p must be in (0, 1] (got {self.top_p}).")
         if self.greedy_batch_size < 1:
             raise ValueError(f"evaluation.greedy_batch_size must be >= 1 (got {self.greedy_batch_size}).")
 
@@ -110,19 +118,26 @@ class Evaluator:
     def add(self, policy, problems) -> None:
         s = policy.spec.sampling
         max_new = self.cfg.max_new_tokens or s.max_new_tokens
-        sampling = SamplingSpec(n=self.cfg.k, temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=0,
-                                max_new_tokens=max_new)
-        groups = self.engine.generate(policy, problems, sampling, step=-1)
-        greedy = (greedy_generate(policy, problems, max_new, self.cfg.greedy_batch_size)
-                  if self.cfg.greedy else [None] * len(problems))
+        greedy = None
+        if self.cfg.temperature == 0:  # greedy decoding: k identical samples, decoded once
+            greedy = greedy_generate(policy, problems, max_new, self.cfg.greedy_batch_size)
+            samples = [[g] * self.cfg.k for g in greedy]
+        else:
+            sampling = SamplingSpec(n=self.cfg.k, temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=0,
+                                    max_new_tokens=max_new)
+            groups = self.engine.generate(policy, problems, sampling, step=-1)
+            samples = [[r.response_text for r in rollouts] for rollouts in groups]
+        if not self.cfg.greedy:
+            greedy = [None] * len(problems)
+        elif greedy is None:
+            greedy = greedy_generate(policy, problems, max_new, self.cfg.greedy_batch_size)
         self._devices[policy.name] = policy.device
-        for problem, rollouts, g in zip(problems, groups, greedy):
-            texts = [r.response_text for r in rollouts]
+        for problem, texts, g in zip(problems, samples, greedy):
             correct = [self.reward_fn(t, problem.answer) > 0 for t in texts]
             maj = majority_correct([self.extract_answer(t) for t in texts], correct)
             g_ok = None if g is None else float(self.reward_fn(g, problem.answer) > 0)
             self._results[policy.name].append(
-                ProblemResult(problem.prompt_id, problem.skill, len(rollouts), sum(correct), maj, g_ok))
+                ProblemResult(problem.prompt_id, problem.skill, len(texts), sum(correct), maj, g_ok))
 
     def finish(self) -> dict[str, dict[str, float]]:
         """``{policy: {metric: value}}`` over all problems added since ``start`` (all ranks)."""
