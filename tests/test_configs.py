@@ -46,3 +46,30 @@ def test_config_runs_two_steps(path, tmp_path):
     names = [p["name"] for p in cfg["model"]["policies"]]
     for name in names:
         assert (tmp_path / "export" / name / "config.json").exists()
+
+
+@pytest.mark.parametrize("path", CPU_CONFIGS, ids=lambda p: p.name)
+def test_config_runs_with_kl_lora_and_repeated_problems(path, tmp_path):
+    """Each shipped regime config with ordinary options on together: KL 1e-3, LoRA on every policy, and a prompt
+    file of three identical problems (every batch of 4 repeats a prompt id), 2 steps through the CLI."""
+    import json
+
+    cfg = yaml.safe_load(path.read_text())
+    for spec in cfg["model"]["policies"]:
+        if spec["model"].startswith("tiny:"):
+            spec.setdefault("warmstart", {})["steps"] = 10
+        spec["lora"] = {"r": 4, "alpha": 8}
+        spec.setdefault("sampling", {})["n"] = 4
+    cfg["model"].setdefault("algorithm", {})["kl_coef"] = 1e-3
+    cfg["model"]["export_dir"] = str(tmp_path / "export")
+    same = tmp_path / "same.jsonl"
+    same.write_text("".join(json.dumps({"problem": "12+34=", "answer": "46"}) + "\n" for _ in range(3)))
+    cfg["data"] = {"train_files": [str(same)], "val_files": [str(same)], "batch_size": 4}
+    cfg.setdefault("trainer", {}).update(
+        max_steps=2, logger=False, enable_progress_bar=False, limit_val_batches=0, default_root_dir=str(tmp_path)
+    )
+    short = tmp_path / path.name
+    short.write_text(yaml.safe_dump(cfg))
+    main(["fit", "--config", str(short)])
+    for name in [p["name"] for p in cfg["model"]["policies"]]:
+        assert (tmp_path / "export" / name / "adapter_config.json").exists()

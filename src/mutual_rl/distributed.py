@@ -73,11 +73,13 @@ def agree_sum(values: Sequence[float]) -> list[float]:
     return [float(v) for v in t.tolist()]
 
 
-def mean_over_ranks(metrics: Mapping[str, float], sum_prefixes: Sequence[str] = ()) -> dict[str, float]:
+def mean_over_ranks(metrics: Mapping[str, float], sum_prefixes: Sequence[str] = (),
+                    sum_suffixes: Sequence[str] = ()) -> dict[str, float]:
     """Metrics reduced over ranks (one ``all_gather_object``; identity in one process); the result is the same
     on every rank (so callbacks that plan from logged metrics agree).
 
-    Keys starting with one of ``sum_prefixes`` are counts: summed over ranks, a rank without the key counting 0
+    Keys starting with one of ``sum_prefixes`` (or ending with one of ``sum_suffixes``) are counts: summed over
+    ranks, a rank without the key counting 0
     (so flow counts still add up: consumed + dropped = delivered). Every other key is a per-rank value averaged
     over the ranks that logged it (a regime's per-source statistic may exist on some ranks only).
     """
@@ -91,8 +93,12 @@ def mean_over_ranks(metrics: Mapping[str, float], sum_prefixes: Sequence[str] = 
         for k, v in part.items():
             sums[k] = sums.get(k, 0.0) + v
             counts[k] = counts.get(k, 0) + 1
-    prefixes = tuple(sum_prefixes)
-    return {k: sums[k] if prefixes and k.startswith(prefixes) else sums[k] / counts[k] for k in sorted(sums)}
+    prefixes, suffixes = tuple(sum_prefixes), tuple(sum_suffixes)
+
+    def is_count(k: str) -> bool:
+        return bool(prefixes and k.startswith(prefixes)) or bool(suffixes and k.endswith(suffixes))
+
+    return {k: sums[k] if is_count(k) else sums[k] / counts[k] for k in sorted(sums)}
 
 
 def gather_objects(obj) -> list:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from mutual_rl.distributed import gather_objects, lockstep_needed, mean_over_ranks, rank_and_world, rank_part
@@ -27,6 +28,7 @@ from mutual_rl.policies.scoring import score_groups
 from mutual_rl.policies.spec import PolicySpec
 from mutual_rl.policies.update import GRPOConfig, update_policy
 from mutual_rl.regimes import get_regime
+from mutual_rl.regimes.crossing import thl_residual
 from mutual_rl.rewards import get_reward
 from mutual_rl.rollout import get_engine
 from mutual_rl.strategies import full_params, has_activation_checkpointing
@@ -58,6 +60,10 @@ class MutualRLModule(LightningModule):
         eval_at_start: bool = True,
         export_dir: str | None = None,
         cache_dir: str | None = None,
+        reward_timeout_s: float = 5.0,
+        reward_errors: str = "raise",
+        prompt_overflow: str = "error",
+        thl_residual_every_n_steps: int = 10,
     ):
         """
         Args:
@@ -79,6 +85,22 @@ class MutualRLModule(LightningModule):
                 ``<log_dir>/export``).
             cache_dir: cache root of the embedded tiny presets (default: ``$MUTUAL_RL_CACHE`` or
                 ``~/.cache/mutual_rl``).
+            reward_timeout_s: seconds one reward call may take (registered and ``package.module:function``
+                rewards alike; ``math_verify`` uses it as its worker's limit). A call past it is a timeout.
+            reward_errors: what a reward call that raises, times out, or returns ``None``/NaN/inf/a non-number
+                does: ``raise`` (stop with an error naming the reward, the completion and the answer) or
+                ``skip`` (score it 0.0 and count it in ``<policy>/reward_errors`` / ``<policy>/reward_timeouts``,
+                logged per step). math-verify timeouts always score 0.0 and are counted.
+            prompt_overflow: a prompt whose tokens plus a policy's ``sampling.max_new_tokens`` exceed that
+                policy's context length (model config ``max_position_embeddings``/``n_positions``, else the
+                tokenizer's ``model_max_length``), checked over the train and held-out prompts when the policies are
+                built: ``error`` (stop, naming the policy, the prompts and both lengths) or ``truncate`` (keep the
+                prompt's last tokens; the count is logged once per policy).
+            thl_residual_every_n_steps: every this many steps (and at step 0), for each receiver whose regime
+                carries peer responses across tokenizers (prp, sgt, graft, hacpo), log how far the THL-aligned peer
+                trace is from the receiver's own log-probs, per direction: thl/<source>-><receiver>/residual_mean,
+                residual_p90, residual_max (nats per token) and group_count_mismatch. Costs one no-grad receiver
+                forward over the crossed responses; 0 = never.
         """
         super().__init__()
         if not policies:
@@ -94,6 +116,7 @@ class MutualRLModule(LightningModule):
             p.name: get_regime(p.regime or regime, **((p.regime_args if p.regime else regime_args) or {}))
             for p in self.specs
         }
+        self._check_regime_args()
         self._own_exchange = None
         self.budgets: dict = {}  # policy -> budget (n, max_new_tokens, update), set by the MWRA callback per step
         self.reward_name = reward
@@ -105,6 +128,17 @@ class MutualRLModule(LightningModule):
         self.engine = get_engine(rollout_engine, **(rollout_engine_args or {}))
         self._rng_to_restore = None
         self._offset_rng_per_rank = False
+        from mutual_rl.data.prompt_length import check_prompt_overflow_mode
+        from mutual_rl.rewards.guard import check_reward_settings
+
+        check_reward_settings(reward_timeout_s, reward_errors)
+        check_prompt_overflow_mode(prompt_overflow)
+        self.reward_timeout_s, self.reward_errors = reward_timeout_s, reward_errors
+        self.prompt_overflow = prompt_overflow
+        if thl_residual_every_n_steps < 0:
+            raise ValueError(f"model.thl_residual_every_n_steps must be >= 0 (0 = never), got {thl_residual_every_n_steps}.")
+        self.thl_residual_every_n_steps = int(thl_residual_every_n_steps)
+        self.prompts_truncated: dict[str, int] = {}  # policy -> prompts cut to fit its context (prompt_overflow)
 
     # ------------------------------------------------------------------------------------------ set-up
     def configure_model(self) -> None:
@@ -115,17 +149,49 @@ class MutualRLModule(LightningModule):
             self.policies[spec.name] = build_policy(
                 spec, task=task, cache_dir=self.cache_dir, needs_reference=self.algorithm.kl_coef > 0
             )
+        from mutual_rl.data.prompt_length import check_prompt_lengths
+        from mutual_rl.rewards.guard import GuardedReward
+
+        dm = self._datamodule()
+        if hasattr(dm, "train_problems"):  # every prompt fits every policy's context, or is truncated
+            problems = list(dm.train_problems()) + (list(dm.val_problems()) if hasattr(dm, "val_problems") else [])
+            self.prompts_truncated = check_prompt_lengths(
+                list(self.policies.values()), problems, mode=self.prompt_overflow,
+                eval_max_new_tokens=self.evaluation.max_new_tokens)
         name = self.reward_name or getattr(task, "default_reward", "integer_match")
-        self.reward_fn = get_reward(name)
+        self.reward_fn = GuardedReward(get_reward(name), name, timeout_s=self.reward_timeout_s,
+                                       errors=self.reward_errors)
         self.evaluator = Evaluator(self.evaluation, self.reward_fn, self.engine)
 
     def configure_optimizers(self):
+        """One AdamW per policy, in ``model.policies`` order, with that policy's ``optimizer`` settings.
+
+        Resuming restores each AdamW's state *and* its checkpointed settings; a post-load hook then puts back the
+        configured ``lr``, ``betas``, ``weight_decay`` and ``eps`` (:meth:`_apply_optimizer_settings`).
+        """
         opts = []
         for spec in self.specs:
             params = [p for p in self.policies[spec.name].parameters() if p.requires_grad]
             o = spec.optimizer
-            opts.append(torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, eps=o.eps))
+            opt = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, eps=o.eps)
+            opt.register_load_state_dict_post_hook(lambda optimizer, spec=spec: self._apply_optimizer_settings(
+                spec, optimizer))
+            opts.append(opt)
         return opts
+
+    def _apply_optimizer_settings(self, spec: PolicySpec, optimizer: torch.optim.Optimizer) -> None:
+        """After an optimizer state is loaded: the configured settings of ``spec.optimizer`` replace the
+        checkpoint's in every param group, with a printed note per changed setting (policy, setting, old -> new)."""
+        o = spec.optimizer
+        wanted = {"lr": o.lr, "betas": tuple(o.betas), "weight_decay": o.weight_decay, "eps": o.eps}
+        for key, new in wanted.items():
+            olds = {tuple(g[key]) if key == "betas" else g[key] for g in optimizer.param_groups}
+            if olds != {new}:
+                old = ", ".join(map(str, sorted(olds)))
+                self.print(f"Resume: policy {spec.name!r} optimizer.{key} {old} -> {new} (from the config; the "
+                           "checkpoint's optimizer state is kept).")
+                for g in optimizer.param_groups:
+                    g[key] = new
 
     @property
     def exchange(self):
@@ -180,6 +246,9 @@ class MutualRLModule(LightningModule):
             t0 = time.perf_counter()
             plan = self.regimes[spec.name].plan(policy, groups[spec.name], ex.deliveries(spec.name),
                                                  self.algorithm.num_mini_batches)
+            every = self.thl_residual_every_n_steps
+            if plan.crossed is not None and every and step % every == 0:
+                metrics.update(thl_residual(policy, plan.crossed))
             for source, flow in plan.flows.items():
                 ex.report(spec.name, source, consumed=flow.get("consumed", 0),
                           dropped={k: v for k, v in flow.items() if k != "consumed"})
@@ -198,10 +267,13 @@ class MutualRLModule(LightningModule):
                     hists[f"{spec.name}/{k[5:]}"] = torch.as_tensor(v)
                 else:
                     metrics[f"{spec.name}/{k}"] = float(v)
+        self._mark_untrained(metrics)
+        self._warn_on_collapse(metrics, step)
         metrics.update(ex.end_step())
-        # several processes: every rank logs (and plans from) the same values; exchange counts are global totals,
-        # everything else per-rank means (per-policy token counts: per rank, see ResourceAllocation)
-        metrics = mean_over_ranks(metrics, sum_prefixes=("exchange/",))
+        # several processes: every rank logs (and plans from) the same values; exchange counts and the reward-error
+        # and reward-timeout counts are global totals, everything else per-rank means (refused steps are agreed) (per-policy token counts: per rank, see ResourceAllocation)
+        metrics = mean_over_ranks(metrics, sum_prefixes=("exchange/",),
+                                  sum_suffixes=("/reward_errors", "/reward_timeouts"))
         self._advance_step_counter()
         dm = self._datamodule()
         if dm is not None and hasattr(dm, "mark_consumed"):
@@ -211,6 +283,43 @@ class MutualRLModule(LightningModule):
                  batch_size=len(batch.problems))
         self._log_histograms(hists, step)
         self._maybe_log_samples(groups, batch, step)
+
+    #: per-token metrics of the update: absent (logged as NaN) in a step that trained no token of the policy
+    PER_TOKEN_METRICS = ("entropy", "approx_kl", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean",
+                         "kl", "seq_ratio_mean")
+
+    def _mark_untrained(self, metrics: dict[str, float]) -> None:
+        """A policy that trained no token this step logs NaN for the per-token metrics it logged before, so a
+        dashboard shows a gap instead of repeating the last value (Lightning keeps the last logged value of a key
+        in ``callback_metrics`` and the progress bar)."""
+        seen = self.__dict__.setdefault("_per_token_seen", {})
+        for spec in self.specs:
+            keys = seen.setdefault(spec.name, set())
+            for k in self.PER_TOKEN_METRICS:
+                key = f"{spec.name}/{k}"
+                if key in metrics:
+                    keys.add(key)
+                elif key in keys:
+                    metrics[key] = float("nan")
+
+    def _warn_on_collapse(self, metrics: dict[str, float], step: int) -> None:
+        """Warn (once per policy) when a policy collapses: no reward and no response ending on EOS, or entropy ~0."""
+        warned = self.__dict__.setdefault("_collapse_warned", set())
+        for spec in self.specs:
+            name = spec.name
+            reward, eos = metrics.get(f"{name}/reward"), metrics.get(f"{name}/eos_frac")
+            entropy = metrics.get(f"{name}/entropy")
+            why = None
+            if step > 0 and reward == 0.0 and eos == 0.0:
+                why = "reward 0 and no response ends on EOS"
+            elif entropy is not None and entropy == entropy and entropy < 1e-3:
+                why = f"token entropy {entropy:.2g}"
+            if why and name not in warned:
+                warned.add(name)
+                rank_zero_warn(
+                    f"policy {name!r} looks collapsed at step {step}: {why}. Typical causes: a learning rate too "
+                    f"high (optimizer.lr = {spec.optimizer.lr:g}), a reward that never fires, max_new_tokens too "
+                    "small for the answer; check the sample completions.")
 
     def _rollout_and_score(self, spec: PolicySpec, batch: PromptBatch, step: int):
         """This step's scored groups of one policy and their metrics."""
@@ -293,12 +402,23 @@ class MutualRLModule(LightningModule):
         checkpoint["mutual_rl"] = {
             "rng": rng,
             "rng_per_rank": gather_objects(rng),  # several processes: each rank resumes its own sampling stream
+            "policies": [spec.name for spec in self.specs],  # the order of checkpoint["optimizer_states"]
             "versions": {name: p.version for name, p in self.policies.items()},
             "regimes": {name: r.state_dict() for name, r in self.regimes.items()},
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        state = checkpoint.get("mutual_rl", {})
+        """Restore sampling streams, policy versions and regime states, matching policies by **name**.
+
+        The checkpoint's policies and ``model.policies`` must hold the same names, in any order (else one error
+        naming both lists); ``checkpoint["optimizer_states"]`` is reordered to ``model.policies`` order so every
+        AdamW gets its own policy's state. A checkpoint without mutual-rl state is an error.
+        """
+        if "mutual_rl" not in checkpoint:
+            raise ValueError(f"checkpoint {self._ckpt_label()} is not a mutual-rl checkpoint (no 'mutual_rl' state): "
+                             "give a checkpoint written by mutual-rl fit, or omit ckpt_path.")
+        state = checkpoint["mutual_rl"]
+        self._match_policies_by_name(checkpoint, list(state.get("policies") or state.get("versions", {})))
         rank, world = rank_and_world()
         per_rank = state.get("rng_per_rank") or [state.get("rng")]
         if len(per_rank) == world:
@@ -312,6 +432,69 @@ class MutualRLModule(LightningModule):
         for name, r_state in state.get("regimes", {}).items():
             if name in self.regimes:
                 self.regimes[name].load_state_dict(r_state)
+
+    def _ckpt_label(self) -> str:
+        path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
+        return repr(str(path)) if path else "(given)"
+
+    def _match_policies_by_name(self, checkpoint: dict, saved: list[str]) -> None:
+        """Check the checkpoint's policy names against ``model.policies`` and put ``optimizer_states`` in
+        ``model.policies`` order (:meth:`on_load_checkpoint`)."""
+        current = [spec.name for spec in self.specs]
+        if sorted(saved) != sorted(current):
+            only_ckpt = [n for n in saved if n not in current]
+            only_cfg = [n for n in current if n not in saved]
+            raise ValueError(
+                f"checkpoint {self._ckpt_label()} holds policies {saved} but model.policies lists {current} "
+                f"(only in the checkpoint: {only_ckpt}; only in the config: {only_cfg}). Policies are matched by "
+                "name on resume: list the checkpoint's policy names (any order), or start a new run without "
+                "ckpt_path."
+            )
+        states = checkpoint.get("optimizer_states")
+        if saved == current or not states:
+            return
+        if self._trainer is not None and self.trainer.strategy.restore_checkpoint_after_setup:
+            # FSDP loads optimizer states by position inside strategy.load_checkpoint, before this hook
+            raise ValueError(
+                f"checkpoint {self._ckpt_label()} lists policies {saved}, model.policies lists {current}: with "
+                f"{type(self.trainer.strategy).__name__} optimizer states are restored by position, so list "
+                f"model.policies in the checkpoint's order {saved}."
+            )
+        if len(states) != len(saved):
+            raise ValueError(f"checkpoint {self._ckpt_label()} holds {len(states)} optimizer states for policies "
+                             f"{saved}: it was not written by this version of mutual-rl; resume without reordering.")
+        by_name = dict(zip(saved, states))
+        checkpoint["optimizer_states"] = [by_name[name] for name in current]
+
+    def _check_regime_args(self) -> None:
+        """A policy's own ``regime_args`` need its own ``regime`` (they would otherwise be ignored)."""
+        for i, spec in enumerate(self.specs):
+            if spec.regime_args and not spec.regime:
+                raise ValueError(
+                    f"policy {spec.name!r} sets regime_args {spec.regime_args} but no regime of its own, so they would "
+                    f"be ignored (it uses model.regime {self.regime_name!r} with model.regime_args): set "
+                    f"model.policies[{i}].regime too, or move the arguments to model.regime_args."
+                )
+
+    def setup(self, stage: str) -> None:
+        """Before fit: a sharing regime (one that reads peers' records: every built-in regime but ``none``) needs a
+        peer -- a second policy in ``model.policies`` or one replayed by the ``ExperienceExchange`` callback
+        (stored-peer mode); else it is an error naming the regime. A fit that trains nothing (``max_steps=0``, e.g.
+        to build the policies) is not checked."""
+        if stage != "fit" or len(self.specs) > 1 or self.trainer.max_steps == 0:
+            return
+        callbacks = getattr(self._trainer, "callbacks", []) if self._trainer is not None else []
+        if any(getattr(cb, "replayed_policies", None) for cb in callbacks if isinstance(cb, ExperienceExchange)):
+            return
+        spec = self.specs[0]
+        name = spec.regime or self.regime_name
+        if self.regimes[spec.name].subscribes:
+            where = "model.policies[0].regime" if spec.regime else "model.regime"
+            raise ValueError(
+                f"{where} is {name!r}, a sharing regime, but model.policies has the single policy {spec.name!r}: "
+                f"it has no peer to learn from. Add a second policy, replay a recorded peer (ExperienceExchange "
+                f"replay_dir/replay_policies), or set {where}: none."
+            )
 
     def on_fit_start(self) -> None:
         if rank_and_world()[1] > 1 and not all(lockstep_needed(p.model) for p in self.policies.values()):

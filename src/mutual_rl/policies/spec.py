@@ -69,6 +69,14 @@ class LoraSpec:
     target_modules: str | list[str] = "all-linear"
     """peft ``target_modules``; ``all-linear`` works for every architecture."""
 
+    def __post_init__(self):
+        if self.r < 1:
+            raise ValueError(f"lora.r must be >= 1 (got {self.r}): the adapters' rank; 8 or 16 are usual.")
+        if self.alpha <= 0:
+            raise ValueError(f"lora.alpha must be > 0 (got {self.alpha}); the adapters' scale is alpha / r.")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1) (got {self.dropout}).")
+
 
 @dataclass
 class WarmStart:
