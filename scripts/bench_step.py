@@ -1,6 +1,6 @@
 """Benchmark one GRPO step of mutual-rl against TRL's ``GRPOTrainer``, interleaved in one process.
 
-Goal (CALIBRATION.md, "Step cost, for benchmarks"): ours <= 0.8x TRL's step time on the same tiny model, prompts,
+Goal (docs/calibration.md, "Step cost, for benchmarks"): ours <= 0.8x TRL's step time on the same tiny model, prompts,
 group size and completion length. Single pairs are noisy (0.94x-1.46x on a shared machine), so the result is the
 median over >= 20 interleaved pairs.
 

@@ -1,4 +1,4 @@
-"""Every shipped YAML parses (``--print_config``) and runs 2 training steps (DESIGN rule 6).
+"""Every shipped YAML parses (``--print_config``) and runs 2 training steps (docs/design.md, rule 6).
 
 To keep the suite fast, the run uses the shipped file with only the tiny presets' warm-up shortened, 2 steps,
 no evaluation, no logger; everything else is as shipped.

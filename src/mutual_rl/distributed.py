@@ -1,4 +1,4 @@
-"""Multi-process helpers: the one place that knows about process groups and their devices (DESIGN rule 10).
+"""Multi-process helpers: the one place that knows about process groups and their devices (docs/design.md, rules 10 and 14).
 
 Why lockstep matters: under FSDP every forward (and backward) of a sharded policy is a collective -- each FSDP
 unit all-gathers its parameters -- so every rank must run the *same number* of forwards and backwards per policy,
@@ -71,6 +71,17 @@ def agree_sum(values: Sequence[float]) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=collective_device())
     torch.distributed.all_reduce(t)
     return [float(v) for v in t.tolist()]
+
+
+def raise_together(error: BaseException | None, what: str) -> None:
+    """Several processes: if ``what`` failed on any rank, every rank raises (the failing one its own ``error``, the
+    others a ``RuntimeError`` pointing to it), instead of the others waiting forever in the next collective. One
+    all-reduce; in one process it just re-raises ``error``."""
+    failed = agree_max([int(error is not None)])[0] if is_distributed() else int(error is not None)
+    if error is not None:
+        raise error
+    if failed:
+        raise RuntimeError(f"{what} failed on another rank (see its error above); stopping this rank too.")
 
 
 def mean_over_ranks(metrics: Mapping[str, float], sum_prefixes: Sequence[str] = (),

@@ -20,16 +20,23 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
-from mutual_rl.distributed import gather_objects, lockstep_needed, mean_over_ranks, rank_and_world, rank_part
+from mutual_rl.distributed import (
+    gather_objects,
+    lockstep_needed,
+    mean_over_ranks,
+    raise_together,
+    rank_and_world,
+    rank_part,
+)
 from mutual_rl.evaluation.validation import EvalConfig, Evaluator
 from mutual_rl.exchange import ExperienceExchange
 from mutual_rl.policies.policy import build_policy
 from mutual_rl.policies.scoring import score_groups
 from mutual_rl.policies.spec import PolicySpec
-from mutual_rl.policies.update import GRPOConfig, update_policy
+from mutual_rl.policies.update import STEP_METRICS, GRPOConfig, update_policy
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.crossing import thl_residual
-from mutual_rl.rewards import get_reward
+from mutual_rl.rewards import RewardError, get_reward
 from mutual_rl.rollout import get_engine
 from mutual_rl.strategies import full_params, has_activation_checkpointing
 from mutual_rl.types import PromptBatch, ScoredGroup
@@ -128,6 +135,8 @@ class MutualRLModule(LightningModule):
         self.engine = get_engine(rollout_engine, **(rollout_engine_args or {}))
         self._rng_to_restore = None
         self._offset_rng_per_rank = False
+        self._per_token_seen: dict[str, set[str]] = {}  # per policy: the per-token update metrics ever logged
+        self._collapse_warned: set[str] = set()
         from mutual_rl.data.prompt_length import check_prompt_overflow_mode
         from mutual_rl.rewards.guard import check_reward_settings
 
@@ -154,10 +163,10 @@ class MutualRLModule(LightningModule):
 
         dm = self._datamodule()
         if hasattr(dm, "train_problems"):  # every prompt fits every policy's context, or is truncated
-            problems = list(dm.train_problems()) + (list(dm.val_problems()) if hasattr(dm, "val_problems") else [])
             self.prompts_truncated = check_prompt_lengths(
-                list(self.policies.values()), problems, mode=self.prompt_overflow,
-                eval_max_new_tokens=self.evaluation.max_new_tokens)
+                list(self.policies.values()), list(dm.train_problems()), mode=self.prompt_overflow,
+                eval_max_new_tokens=self.evaluation.max_new_tokens,
+                val_problems=list(dm.val_problems()) if hasattr(dm, "val_problems") else [])
         name = self.reward_name or getattr(task, "default_reward", "integer_match")
         self.reward_fn = GuardedReward(get_reward(name), name, timeout_s=self.reward_timeout_s,
                                        errors=self.reward_errors)
@@ -225,7 +234,12 @@ class MutualRLModule(LightningModule):
         groups: dict[str, list[ScoredGroup]] = {}
         metrics: dict[str, float] = {}
         for spec in self.specs:
-            groups[spec.name], m = self._rollout_and_score(spec, batch, step)
+            error = None
+            try:
+                groups[spec.name], m = self._rollout_and_score(spec, batch, step)
+            except RewardError as e:  # several processes: every rank stops, none waits in the next collective
+                error = e
+            raise_together(error, f"scoring policy {spec.name!r}'s rollouts")
             metrics.update({f"{spec.name}/{k}": v for k, v in m.items()})
             for g in groups[spec.name]:
                 ex.publish(g)
@@ -248,7 +262,8 @@ class MutualRLModule(LightningModule):
                                                  self.algorithm.num_mini_batches)
             every = self.thl_residual_every_n_steps
             if plan.crossed is not None and every and step % every == 0:
-                metrics.update(thl_residual(policy, plan.crossed))
+                granularity = getattr(self.regimes[spec.name], "granularity", "word")  # the regime's own, if any
+                metrics.update(thl_residual(policy, plan.crossed, granularity=granularity))
             for source, flow in plan.flows.items():
                 ex.report(spec.name, source, consumed=flow.get("consumed", 0),
                           dropped={k: v for k, v in flow.items() if k != "consumed"})
@@ -257,6 +272,8 @@ class MutualRLModule(LightningModule):
                 step_optimizer=lambda o=opt: self.trainer.strategy.optimizer_step(o.optimizer, lambda: None, self),
                 zero_grad=lambda o=opt: o.zero_grad(set_to_none=True),
             )
+            self._per_token_seen.setdefault(spec.name, set()).update(
+                f"{spec.name}/{k}" for k in m if k not in STEP_METRICS)
             m["train_s"] = time.perf_counter() - t0
             m["train_tokens_per_s"] = m["trained_tokens"] / max(m["train_s"], 1e-9)
             sync = getattr(self.engine, "sync_weights", None)
@@ -267,13 +284,13 @@ class MutualRLModule(LightningModule):
                     hists[f"{spec.name}/{k[5:]}"] = torch.as_tensor(v)
                 else:
                     metrics[f"{spec.name}/{k}"] = float(v)
-        self._mark_untrained(metrics)
-        self._warn_on_collapse(metrics, step)
         metrics.update(ex.end_step())
         # several processes: every rank logs (and plans from) the same values; exchange counts and the reward-error
         # and reward-timeout counts are global totals, everything else per-rank means (refused steps are agreed) (per-policy token counts: per rank, see ResourceAllocation)
         metrics = mean_over_ranks(metrics, sum_prefixes=("exchange/",),
                                   sum_suffixes=("/reward_errors", "/reward_timeouts"))
+        self._mark_untrained(metrics)  # after the reduction: NaN only where no rank trained a token
+        self._warn_on_collapse(metrics, step)
         self._advance_step_counter()
         dm = self._datamodule()
         if dm is not None and hasattr(dm, "mark_consumed"):
@@ -284,27 +301,20 @@ class MutualRLModule(LightningModule):
         self._log_histograms(hists, step)
         self._maybe_log_samples(groups, batch, step)
 
-    #: per-token metrics of the update: absent (logged as NaN) in a step that trained no token of the policy
-    PER_TOKEN_METRICS = ("entropy", "approx_kl", "clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean",
-                         "kl", "seq_ratio_mean")
-
     def _mark_untrained(self, metrics: dict[str, float]) -> None:
-        """A policy that trained no token this step logs NaN for the per-token metrics it logged before, so a
-        dashboard shows a gap instead of repeating the last value (Lightning keeps the last logged value of a key
-        in ``callback_metrics`` and the progress bar)."""
-        seen = self.__dict__.setdefault("_per_token_seen", {})
-        for spec in self.specs:
-            keys = seen.setdefault(spec.name, set())
-            for k in self.PER_TOKEN_METRICS:
-                key = f"{spec.name}/{k}"
-                if key in metrics:
-                    keys.add(key)
-                elif key in keys:
+        """Every per-token metric of the update (token-weighted means: ``entropy``, ``clip_frac_*``,
+        ``self/...``, ``peer/...``, ``kl``, ...) that a policy logged before but no rank logged this step (no token
+        of it trained: every row skipped, or only some rows' kind present) is logged as NaN, so a dashboard shows
+        a gap instead of repeating the last value (Lightning keeps the last logged value of a key in
+        ``callback_metrics`` and the progress bar)."""
+        for keys in self._per_token_seen.values():
+            for key in keys:
+                if key not in metrics:
                     metrics[key] = float("nan")
 
     def _warn_on_collapse(self, metrics: dict[str, float], step: int) -> None:
         """Warn (once per policy) when a policy collapses: no reward and no response ending on EOS, or entropy ~0."""
-        warned = self.__dict__.setdefault("_collapse_warned", set())
+        warned = self._collapse_warned
         for spec in self.specs:
             name = spec.name
             reward, eos = metrics.get(f"{name}/reward"), metrics.get(f"{name}/eos_frac")
@@ -451,8 +461,9 @@ class MutualRLModule(LightningModule):
                 "ckpt_path."
             )
         states = checkpoint.get("optimizer_states")
-        if saved == current or not states:
+        if saved == current:
             return
+        # checked before looking at optimizer_states: a sharded checkpoint has none here, FSDP loaded them already
         if self._trainer is not None and self.trainer.strategy.restore_checkpoint_after_setup:
             # FSDP loads optimizer states by position inside strategy.load_checkpoint, before this hook
             raise ValueError(
@@ -460,6 +471,8 @@ class MutualRLModule(LightningModule):
                 f"{type(self.trainer.strategy).__name__} optimizer states are restored by position, so list "
                 f"model.policies in the checkpoint's order {saved}."
             )
+        if not states:
+            return
         if len(states) != len(saved):
             raise ValueError(f"checkpoint {self._ckpt_label()} holds {len(states)} optimizer states for policies "
                              f"{saved}: it was not written by this version of mutual-rl; resume without reordering.")

@@ -1,7 +1,7 @@
 """Typed records that flow through a training step.
 
 Every record carries explicit identity (``policy_id``, ``prompt_id``, ``group_id``): grouping is never inferred
-from tensor layout (DESIGN rule 4). Tensor fields carry their shape in a comment. Log-prob names keep the three
+from tensor layout (docs/design.md, rule 4). Tensor fields carry their shape in a comment. Log-prob names keep the three
 sources apart (rule 3): ``logp`` (current policy), ``old_logp`` (behaviour policy on the receiver side) and
 ``source_logp`` (a peer's trace).
 """
@@ -64,11 +64,11 @@ class Rollout:
 
 @dataclass(frozen=True)
 class CrossedRollout:
-    """A peer's rollout carried into a receiver's tokenization as text (THL §2.1).
+    """A peer's rollout carried into a receiver's tokenization as text (docs/methods.md §2.1).
 
     ``source`` is the peer's original record (its ids, trace and offsets in its own tokenization); the other
     fields are in the *receiver's* tokenization. ``logp`` is the source trace aligned onto the receiver's
-    tokens (THL §2.2, mass-preserving) when alignment was requested, else zeros (then the receiver must
+    tokens (docs/methods.md §2.2, mass-preserving) when alignment was requested, else zeros (then the receiver must
     recompute its own old log-probs for these tokens).
     """
 

@@ -61,9 +61,12 @@ def test_exactly_full_context_fits(policies):
         check_prompt_lengths([char], [Problem(3, "1" * 250, "1")])
 
 
-def test_evaluation_max_new_tokens_counts_when_larger(policies):
+def test_held_out_prompts_are_checked_against_evaluation_max_new_tokens(policies):
+    long = Problem(3, "1" * 200, "1")
     with pytest.raises(ValueError, match=r"with evaluation.max_new_tokens 100, i.e. at most 156 prompt tokens"):
-        check_prompt_lengths(policies[:1], [Problem(3, "1" * 200, "1")], eval_max_new_tokens=100)
+        check_prompt_lengths(policies[:1], [], val_problems=[long], eval_max_new_tokens=100)
+    # a training prompt only needs room for the training budget (sampling.max_new_tokens), not evaluation's
+    assert check_prompt_lengths(policies[:1], [long], eval_max_new_tokens=100) == {policies[0].name: 0}
 
 
 def test_max_new_tokens_filling_the_context_is_refused_in_both_modes(preset_cache):

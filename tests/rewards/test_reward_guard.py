@@ -179,3 +179,19 @@ def test_math_verify_uses_the_run_limit_and_counts_its_timeouts():
         assert verifier_for(0.5).timeout_s == 0.5
     finally:
         verifier_for(0.5).close()
+
+
+def test_a_reward_that_cancels_the_alarm_still_counts_as_a_timeout():
+    """A reward (or a library it calls) that uses SIGALRM itself cancels our timer; the late return still counts."""
+    import signal
+    import time
+
+    from mutual_rl.rewards.guard import GuardedReward
+
+    def resets_alarm(completion, answer):
+        signal.alarm(0)  # e.g. a timeout decorator of its own
+        time.sleep(0.5)
+        return 1.0
+
+    guard = GuardedReward(resets_alarm, "resets_alarm", timeout_s=0.2, errors="skip")
+    assert guard.score("x", "1") == (0.0, "timeout") and guard.counts.timeouts == 1

@@ -1,6 +1,6 @@
 """Property tests of the THL invariants over random and adversarial texts and five locally built tokenizers.
 
-Invariants (METHODS.md §2.2), for every (source family, target family) pair and both granularities:
+Invariants (docs/methods.md §2.2), for every (source family, target family) pair and both granularities:
 every source and target token lies in exactly one group; each group's aligned target mass equals its source
 mass (1e-9 in float64), hence the sequence's; the fast path equals the pure-Python reference; identical
 tokenizers with ``span`` return the trace unchanged.

@@ -94,3 +94,15 @@ def test_float_attention_dropout_of_llama_is_zeroed():
     ids = torch.tensor([[0, 5, 6, 7, 8]])
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_export_keeps_the_checkpoints_dropout_settings(checkpoint, tmp_path):
+    """Training runs without dropout, but the exported config carries the checkpoint's own values (0.1), so a
+    later fine-tune of the export gets the dropout it was trained with originally."""
+    import json
+
+    policy = build_policy(PolicySpec(name="d", model=checkpoint))
+    policy.export(tmp_path / "out")
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert saved["resid_pdrop"] == saved["attn_pdrop"] == saved["embd_pdrop"] == 0.1
+    assert policy.model.config.resid_pdrop == 0.0  # and training goes on without dropout

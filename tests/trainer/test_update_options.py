@@ -212,3 +212,26 @@ def test_step_without_trained_rows_logs_nan_not_the_last_value(tmp_path):
         assert second[f"{name}/trained_tokens"] == 0.0  # every group all-fail: nothing to train on
         for k in ("entropy", "approx_kl", "clip_frac_low", "clip_frac_high", "ratio_mean"):
             assert math.isnan(second[f"{name}/{k}"]), (name, k, second[f"{name}/{k}"])
+
+
+def test_non_finite_advantage_in_skip_mode_trains_nothing_and_counts(policy):
+    plan = _plan_of(policy)
+    plan.batch.advantages[0] = float("inf")
+    out, n = _run(policy, plan, GRPOConfig(old_logp="rollout", on_nonfinite="skip"))
+    assert n == 0 and out["nonfinite_skipped"] == 2.0 and out["trained_tokens"] == 0.0
+
+
+def test_objectives_without_update_index_keep_working(policy):
+    """An objective written to the signature before ``update_index`` existed (no ``**kwargs``) is still called."""
+    name = "test_old_signature"
+    try:
+        @register_objective(name)
+        def _old(logp, sub, *, cfg, token_count, num_seqs, max_len, ref_logp=None):
+            return dapo(logp, sub, cfg=cfg, token_count=token_count, num_seqs=num_seqs, max_len=max_len,
+                        ref_logp=ref_logp)
+    except ValueError:
+        pass
+    plan = _plan_of(policy)
+    plan.objective = name
+    out, n = _run(policy, plan, GRPOConfig(old_logp="rollout"))
+    assert n == 2 and out["trained_tokens"] > 0

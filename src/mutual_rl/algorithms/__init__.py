@@ -1,4 +1,4 @@
-"""Pure tensor functions of the GRPO / DAPO update (METHODS.md §1), with one registry per family."""
+"""Pure tensor functions of the GRPO / DAPO update (docs/methods.md §1), with one registry per family."""
 
 from mutual_rl.algorithms.advantages import (
     ADVANTAGE_SCALES,

@@ -1,4 +1,4 @@
-"""GRPO outcome advantages and group outcome statistics (METHODS.md §1).
+"""GRPO outcome advantages and group outcome statistics (docs/methods.md §1).
 
 Grouping always comes from explicit ``group_ids`` (arbitrary integers, any order, not necessarily contiguous);
 it is never inferred from tensor layout. All functions are vectorised (``unique`` + ``index_add``), with no

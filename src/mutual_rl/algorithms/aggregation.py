@@ -1,4 +1,4 @@
-"""Loss aggregation modes: ``[B, T]`` per-token losses -> scalar (METHODS.md §1).
+"""Loss aggregation modes: ``[B, T]`` per-token losses -> scalar (docs/methods.md §1).
 
 Every mode is a *sum over this call's sequences divided by a normaliser*, and the normaliser can be given
 globally, so the loss is micro-batch invariant: split a mini-batch into micro-batches, pass each call the

@@ -1,4 +1,4 @@
-"""DAPO clipped policy-gradient loss with optional dual clip and KL penalty (METHODS.md §1).
+"""DAPO clipped policy-gradient loss with optional dual clip and KL penalty (docs/methods.md §1).
 
 Shapes: ``B`` sequences, ``T`` token positions; ``mask [B, T]`` is 1 on response tokens.
 
@@ -12,8 +12,8 @@ As implemented, per token (``Â`` broadcast from the sequence's advantage):
 - the total is ``aggregate(ℓ, mask, agg, max_len, token_count, num_seqs)`` (see ``aggregation.py`` for the
   global normalisers that make micro-batches sum to the mini-batch loss).
 
-Skipping zero-advantage responses (METHODS §1 efficiency): with ``β = 0`` and no other loss term on them, a
-response with ``Â = 0`` has ``ℓ_t = 0`` and zero gradient. Drop the rows marked by
+Skipping zero-advantage responses (docs/methods.md §1, "Skipping zero-advantage rows"): with ``β = 0`` and
+no other loss term on them, a response with ``Â = 0`` has ``ℓ_t = 0`` and zero gradient. Drop the rows marked by
 ``zero_advantage_skip_mask`` from the forward/backward, and pass ``token_count`` / ``num_seqs`` computed on the
 *whole* mini-batch (skipped rows included): the loss value and the gradient are unchanged.
 """

@@ -1,4 +1,4 @@
-"""MWRA accounting: cumulative per-policy resource totals, checkpointed with the callback (DESIGN rule 11).
+"""MWRA accounting: cumulative per-policy resource totals, checkpointed with the callback (docs/design.md, rule 11).
 
 Per policy and step: ``generated_tokens`` (response tokens sampled), ``trained_tokens`` (response tokens that
 went through forward/backward in the update; 0 on a step the policy does not update), ``wall_s`` (rollout +

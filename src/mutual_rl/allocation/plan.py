@@ -1,6 +1,6 @@
 """MWRA budget planning: pure functions from (policies, last step's outcome statistics) to per-policy budgets.
 
-What is implemented (METHODS §4):
+What is implemented (docs/methods.md §4):
 
 * :class:`Budget` -- one policy's budget for one training step: rollouts per prompt ``n``, ``max_new_tokens``,
   whether it ``update``\\ s this step, and its ``placement`` (which device serves its rollouts; training always

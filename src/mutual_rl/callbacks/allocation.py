@@ -1,4 +1,4 @@
-"""``ResourceAllocation``: the MWRA callback (DESIGN "Decisions": it sets each policy's budget per step).
+"""``ResourceAllocation``: the MWRA callback (docs/design.md, "Decisions": it sets each policy's budget per step).
 
 Hooks:
 
@@ -14,7 +14,7 @@ Hooks:
   ``alloc/<name>/<field>_total``. With several processes the totals are over all ranks (each rank trains its own
   prompts; the module logs per-rank means).
 * ``state_dict`` / ``load_state_dict``: the accounting totals, the all-fail EMA and the step count, so a resumed
-  run plans and counts exactly as an uninterrupted one would (DESIGN rule 11).
+  run plans and counts exactly as an uninterrupted one would (docs/design.md, rule 11).
 
 Defaults give the equal plan: each policy keeps its configured ``n`` when the configured ``n`` are equal.
 """

@@ -5,8 +5,10 @@ A policy's context length is, in this order, its model config's ``max_position_e
 10,000,000 (tokenizers without a limit report ~1e30); with none of these a policy is not checked. A prompt
 fits iff ``prompt tokens + max_new_tokens <= context length``, where prompt tokens are those the policy
 samples from (``policy.encode_prompt(policy.render_prompt(problem))``: template, chat template and BOS
-included) and ``max_new_tokens`` is the policy's ``sampling.max_new_tokens`` (or ``evaluation.max_new_tokens``
-when that is larger).
+included) and ``max_new_tokens`` is the policy's ``sampling.max_new_tokens`` for training prompts and
+``evaluation.max_new_tokens`` for held-out prompts. A prompt whose rendered text has at most ``limit - overhead - 8``
+UTF-8 bytes (``overhead`` = the tokens of the policy's prompt format around an empty problem, a bound on the special
+tokens a chat template or BOS adds) fits without being tokenized: every token of the text covers at least one byte.
 
 Counting never tokenizes more than it needs to decide: a prompt of more than ``8 * (limit + 8)`` characters
 (``limit`` = context length - max_new_tokens) is first judged on that many leading characters, cut after the last
@@ -120,14 +122,34 @@ def _preview(text: str, limit: int = 80) -> str:
     return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
-def check_prompt_lengths(policies: Sequence, problems: Sequence[Problem], *, mode: str = "error",
-                         eval_max_new_tokens: int | None = None) -> dict[str, int]:
-    """How many of ``problems`` do not fit each policy (``{policy name: count}``; module docstring).
+def _overflow_report(policy, over, n_rows: int, ctx: int, source: str, max_new: int, label: str) -> str:
+    limit = ctx - max_new
+    rows = []
+    for p, n, read in over[:SHOWN_ROWS]:
+        total = (f"{n} prompt tokens + {max_new} ({label}) = {n + max_new}" if read is None else
+                 f"more than {limit} prompt tokens ({n} in its first {read} characters) + {max_new} ({label})")
+        rows.append(f"  prompt {p.prompt_id} {_preview(p.problem)}: {total} > {ctx}")
+    if len(over) > SHOWN_ROWS:
+        rows.append(f"  ... and {len(over) - SHOWN_ROWS} more (prompt ids "
+                    f"{', '.join(str(p.prompt_id) for p, _, _ in over[SHOWN_ROWS:SHOWN_ROWS + 10])}"
+                    f"{', ...' if len(over) > SHOWN_ROWS + 10 else ''})")
+    return (f"policy {policy.name!r} ({policy.spec.model}): {len(over)} of {n_rows} prompts do not fit its context "
+            f"length {ctx} ({source}) with {label} {max_new}, i.e. at most {limit} prompt tokens:\n"
+            + "\n".join(rows))
 
-    ``mode="error"``: any such prompt raises one ``ValueError`` naming, per policy, the first rows (prompt id and
-    text preview) with their token counts, the context length and its source, and the fixes. ``mode="truncate"``:
-    each policy with a known context gets :func:`install_prompt_truncation` and a count over 0 is logged once.
-    A ``max_new_tokens`` that leaves no room for a prompt raises in both modes.
+
+def check_prompt_lengths(policies: Sequence, problems: Sequence[Problem], *, mode: str = "error",
+                         eval_max_new_tokens: int | None = None,
+                         val_problems: Sequence[Problem] = ()) -> dict[str, int]:
+    """How many prompts do not fit each policy (``{policy name: count}``; module docstring).
+
+    ``problems`` (training prompts) are checked against the policy's ``sampling.max_new_tokens``,
+    ``val_problems`` (held-out prompts) against ``eval_max_new_tokens`` (default: the same). ``mode="error"``:
+    any such prompt raises one ``ValueError`` naming, per policy, the first rows (prompt id and text preview) with
+    their token counts, the context length and its source, and the fixes. ``mode="truncate"``: each policy with a
+    known context gets :func:`install_prompt_truncation` with one limit for every prompt it encodes (context
+    length minus the larger budget of the two sets, so training prompts may be cut a little more than their own
+    budget needs) and a count over 0 is logged once. A budget that leaves no room for a prompt raises in both modes.
     """
     check_prompt_overflow_mode(mode)
     counts: dict[str, int] = {}
@@ -139,44 +161,43 @@ def check_prompt_lengths(policies: Sequence, problems: Sequence[Problem], *, mod
                      "model_max_length); prompt lengths are not checked", policy.name)
             continue
         ctx, source = found
-        max_new, label = policy.spec.sampling.max_new_tokens, "sampling.max_new_tokens"
-        if eval_max_new_tokens is not None and eval_max_new_tokens > max_new:
-            max_new, label = eval_max_new_tokens, "evaluation.max_new_tokens"
-        limit = ctx - max_new
-        if limit < 1:
-            raise ValueError(f"policy {policy.name!r} ({policy.spec.model}): {label} {max_new} leaves no room for a "
-                             f"prompt in its context length {ctx} ({source}); set {label} below {ctx}.")
-        encode, seen, over = _encoder(policy), {}, []
-        for p in problems:
-            text = policy.render_prompt(p.problem)
-            if text not in seen:
-                seen[text] = count_prompt_tokens(encode, text, limit)
-            n, read = seen[text]
-            if n > limit:
-                over.append((p, n, read))
-        counts[policy.name] = len(over)
+        train_new = policy.spec.sampling.max_new_tokens
+        sets = [(problems, train_new, "sampling.max_new_tokens")]
+        if val_problems:
+            eval_new = eval_max_new_tokens if eval_max_new_tokens is not None else train_new
+            sets.append((val_problems, eval_new, "evaluation.max_new_tokens"))
+        for _, max_new, label in sets:
+            if ctx - max_new < 1:
+                raise ValueError(f"policy {policy.name!r} ({policy.spec.model}): {label} {max_new} leaves no room "
+                                 f"for a prompt in its context length {ctx} ({source}); set {label} below {ctx}.")
+        encode, seen = _encoder(policy), {}
+        overhead = len(encode(policy.render_prompt("")))  # template, chat template and special tokens
+        over_all, total = [], 0
+        for rows, max_new, label in sets:
+            limit = ctx - max_new
+            over = []
+            for p in rows:
+                text = policy.render_prompt(p.problem)
+                if len(text.encode("utf-8")) + overhead + MARGIN_TOKENS <= limit:
+                    continue  # fits without tokenizing: every token of the text covers at least one byte
+                if text not in seen:
+                    seen[text] = count_prompt_tokens(encode, text, ctx)
+                n, read = seen[text]
+                if n > limit:
+                    over.append((p, n, read))
+            total += len(rows)
+            over_all += over
+            if over and mode == "error":
+                reports.append(_overflow_report(policy, over, len(rows), ctx, source, max_new, label))
+        counts[policy.name] = len({id(p) for p, _, _ in over_all})
         if mode == "truncate":
-            install_prompt_truncation(policy, limit)
-            if over:
-                log.warning("policy %r (%s): %d of %d prompts do not fit its context length %d (%s) with %s %d; "
-                            "each is cut to its last %d prompt tokens (model.prompt_overflow: truncate)",
-                            policy.name, policy.spec.model, len(over), len(problems), ctx, source, label, max_new,
-                            limit)
-        elif over:
-            rows = []
-            for p, n, read in over[:SHOWN_ROWS]:
-                total = (f"{n} prompt tokens + {max_new} ({label}) = {n + max_new}" if read is None else
-                         f"more than {limit} prompt tokens ({n} in its first {read} characters) + {max_new} "
-                         f"({label})")
-                rows.append(f"  prompt {p.prompt_id} {_preview(p.problem)}: {total} > {ctx}")
-            if len(over) > SHOWN_ROWS:
-                rows.append(f"  ... and {len(over) - SHOWN_ROWS} more (prompt ids "
-                            f"{', '.join(str(p.prompt_id) for p, _, _ in over[SHOWN_ROWS:SHOWN_ROWS + 10])}"
-                            f"{', ...' if len(over) > SHOWN_ROWS + 10 else ''})")
-            reports.append(
-                f"policy {policy.name!r} ({policy.spec.model}): {len(over)} of {len(problems)} prompts do not fit "
-                f"its context length {ctx} ({source}) with {label} {max_new}, i.e. at most {limit} prompt "
-                "tokens:\n" + "\n".join(rows))
+            max_new = max(m for _, m, _ in sets)
+            install_prompt_truncation(policy, ctx - max_new)
+            if over_all:
+                log.warning("policy %r (%s): %d of %d prompts do not fit its context length %d (%s) with "
+                            "max_new_tokens %d; each is cut to its last %d prompt tokens (model.prompt_overflow: "
+                            "truncate)", policy.name, policy.spec.model, len(over_all), total, ctx, source, max_new,
+                            ctx - max_new)
     if reports:
         raise ValueError("\n".join(reports) + "\nShorten or drop these prompts, lower max_new_tokens, use a "
                          "model with a longer context, or set model.prompt_overflow: truncate to keep each prompt's "

@@ -3,7 +3,7 @@
 Problem space of one operator: all ordered pairs ``(a, b)`` whose operands each have a digit count in
 ``digits`` (a 1-digit operand is 0..9, a d-digit one 10**(d-1)..10**d - 1); for ``"-"`` with
 ``allow_negative=False`` only pairs with ``a >= b``. The text is compact, ``f"{a}{op}{b}="`` (what the tiny
-character-level policies learn, CALIBRATION.md); the answer is ``str(a op b)``.
+character-level policies learn, docs/calibration.md); the answer is ``str(a op b)``.
 
 Splits, per operator (skill), deterministic from ``seed`` and independent of Python's hash seed:
 

@@ -1,4 +1,4 @@
-"""Evaluation estimators (METHODS §6) and their torchmetrics accumulators.
+"""Evaluation estimators (docs/methods.md §6) and their torchmetrics accumulators.
 
 Estimators, per problem:
 

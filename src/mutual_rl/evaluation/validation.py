@@ -133,9 +133,13 @@ class Evaluator:
             greedy = greedy_generate(policy, problems, max_new, self.cfg.greedy_batch_size)
         self._devices[policy.name] = policy.device
         for problem, texts, g in zip(problems, samples, greedy):
-            correct = [self.reward_fn(t, problem.answer) > 0 for t in texts]
+            verdicts: dict[str, bool] = {}  # each distinct text scored once (greedy decoding: k copies of one)
+            for t in texts:
+                if t not in verdicts:
+                    verdicts[t] = self.reward_fn(t, problem.answer) > 0
+            correct = [verdicts[t] for t in texts]
             maj = majority_correct([self.extract_answer(t) for t in texts], correct)
-            g_ok = None if g is None else float(self.reward_fn(g, problem.answer) > 0)
+            g_ok = None if g is None else float(verdicts[g] if g in verdicts else self.reward_fn(g, problem.answer) > 0)
             self._results[policy.name].append(
                 ProblemResult(problem.prompt_id, problem.skill, len(texts), sum(correct), maj, g_ok))
 

@@ -1,4 +1,4 @@
-"""Shared Experience Exchange (SEE, METHODS §3): record kinds, the bus (a Lightning callback), stored traffic and
+"""Shared Experience Exchange (SEE, docs/methods.md §3): record kinds, the bus (a Lightning callback), stored traffic and
 stored-peer replay.
 
 * ``records.py``  -- record kinds (``Rollout`` from ``mutual_rl.types``, ``RewardRecord``, ``AdvantageRecord``,

@@ -1,4 +1,4 @@
-"""``ExperienceExchange``: the SEE bus as a Lightning callback (DESIGN "Decisions").
+"""``ExperienceExchange``: the SEE bus as a Lightning callback (docs/design.md, "Decisions").
 
 The module publishes into it and reads deliveries during ``training_step`` (protocol in ``bus.py``). The hooks:
 
@@ -7,7 +7,7 @@ The module publishes into it and reads deliveries during ``training_step`` (prot
 * ``on_train_batch_end``: if the module did not call ``end_step`` itself, ends the step (accounting check,
   stored traffic) and logs the flow counts with ``pl_module.log_dict``; a module that calls ``end_step`` logs the
   returned metrics itself;
-* ``state_dict`` / ``load_state_dict``: cumulative per-flow totals, checkpointed by Lightning (DESIGN rule 11), so
+* ``state_dict`` / ``load_state_dict``: cumulative per-flow totals, checkpointed by Lightning (docs/design.md, rule 11), so
   a resumed run continues them exactly.
 """
 

@@ -1,7 +1,7 @@
 """SEE record kinds and the exact conversion between a ``ScoredGroup`` and its records.
 
-Four record kinds cross the Shared Experience Exchange (METHODS §3). Every record carries explicit identity
-(``policy_id`` = the producing policy, ``prompt_id``, ``group_id``, ``step``, ``policy_version``; DESIGN rule 4):
+Four record kinds cross the Shared Experience Exchange (docs/methods.md §3). Every record carries explicit identity
+(``policy_id`` = the producing policy, ``prompt_id``, ``group_id``, ``step``, ``policy_version``; docs/design.md, rule 4):
 
 * ``"rollout"``   -- :class:`mutual_rl.types.Rollout` itself (prompt, response text, source token ids, per-token
   log-probs, char offsets, finish reason); it is reused here, not duplicated.
@@ -63,7 +63,7 @@ class AdvantageRecord:
 
 @dataclass(frozen=True)
 class TraceRecord:
-    """The source log-prob trace of one response, aligned onto a receiver's tokens (THL, METHODS §2).
+    """The source log-prob trace of one response, aligned onto a receiver's tokens (THL, docs/methods.md §2.2).
 
     ``policy_id`` is the *source* policy; ``receiver_id`` the policy whose tokenization ``source_logp`` follows.
     """

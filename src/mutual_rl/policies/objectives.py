@@ -8,7 +8,8 @@ An objective maps one micro-batch to ``(loss, metrics)``::
 where ``token_count`` / ``num_seqs`` are the *mini-batch's* normalisers (so micro-batch losses add up to the
 mini-batch loss), ``max_len`` the policy's configured maximum response length (the constant of
 ``seq-mean-token-sum-norm``), ``update_index`` the optimizer update within the current training step (0, 1, ...
-across PPO epochs; restarts every step) and ``kwargs`` come from the regime's ``TrainingPlan.objective_kwargs``. Per-token metrics are
+across PPO epochs; restarts every step; passed only to objectives that take it, by name or through ``**kwargs``)
+and ``kwargs`` come from the regime's ``TrainingPlan.objective_kwargs``. Per-token metrics are
 means over this micro-batch's response tokens; the update averages them token-weighted.
 """
 
@@ -70,7 +71,7 @@ def split_metrics(logp, sub, cfg, max_len) -> dict[str, torch.Tensor]:
 
 @register_objective("dapo")
 def dapo(logp, sub, *, cfg, token_count, num_seqs, max_len, ref_logp=None, update_index: int = 0):
-    """DAPO token-level clipped surrogate (METHODS §1) with per-sequence weights; self/peer metrics split.
+    """DAPO token-level clipped surrogate (docs/methods.md §1) with per-sequence weights; self/peer metrics split.
 
     The KL penalty (``cfg.kl_coef``) covers every row of the batch, peer rows included: they are trained as the
     receiver's tokens, and ``ref_logp`` is the reference on those tokens."""

@@ -26,8 +26,8 @@ class Policy(nn.Module):
         self.version = 0
         self.share_prompts = True  # one prompt forward per group in response_logp (see its docstring)
         self.max_prompt_tokens: int | None = None  # prompt_overflow: truncate sets it (see encode_prompt)
-        if spec.disable_dropout:  # before LoRA: the adapters' dropout is lora.dropout, as configured
-            disable_dropout(model)
+        # before LoRA: the adapters' dropout is lora.dropout, as configured; exports put the config values back
+        self._config_dropout = disable_dropout(model) if spec.disable_dropout else []
         if spec.lora is not None:
             model = _add_lora(model, spec)
         self.model = model
@@ -156,20 +156,27 @@ class Policy(nn.Module):
             save_file(adapters, str(Path(path) / "adapter_model.safetensors"), metadata={"format": "pt"})
             model.peft_config[model.active_adapter].save_pretrained(str(path))
         else:
-            model.save_pretrained(path, state_dict=plain_state_dict(self.model))
+            with _restored(self._config_dropout):  # the export carries the checkpoint's own dropout settings
+                model.save_pretrained(path, state_dict=plain_state_dict(self.model))
         self.tokenizer.save_pretrained(path)
 
 
-def disable_dropout(model: nn.Module) -> None:
+def disable_dropout(model: nn.Module) -> list[tuple[object, str, float]]:
     """Dropout off in ``model``, in train mode too: every ``torch.nn.Dropout*`` module gets ``p = 0``, and every
     float attribute whose name contains ``dropout``, ``pdrop`` or ``layerdrop`` becomes 0.0, on each submodule
     (Llama's attention keeps ``attention_dropout`` as its own float) and on each model config and its sub-configs
-    (some attention implementations read ``config.attention_dropout`` in their forward)."""
+    (some attention implementations read ``config.attention_dropout`` in their forward). Returns the config
+    values it changed, ``(config, name, old value)``, so an export can write the checkpoint's own."""
     from transformers import PretrainedConfig
+
+    changed: list[tuple[object, str, float]] = []
 
     def zero(obj) -> None:
         for key, value in list(vars(obj).items()):
             if isinstance(value, float) and _DROPOUT_NAME.search(key):
+                if isinstance(obj, PretrainedConfig) and value != 0.0 and all(o is not obj or k != key
+                                                                               for o, k, _ in changed):
+                    changed.append((obj, key, value))
                 setattr(obj, key, 0.0)
             elif isinstance(value, PretrainedConfig):
                 zero(value)
@@ -178,9 +185,22 @@ def disable_dropout(model: nn.Module) -> None:
         if isinstance(m, nn.modules.dropout._DropoutNd):
             m.p = 0.0
         zero(m)  # also its config (a plain attribute of Hugging Face modules)
+    return changed
 
 
 _DROPOUT_NAME = re.compile("dropout|pdrop|layerdrop")
+
+
+@contextlib.contextmanager
+def _restored(values: list[tuple[object, str, float]]):
+    """Inside, each ``(config, name, value)`` is set back to ``value``; on exit, to 0.0 again."""
+    for obj, key, value in values:
+        setattr(obj, key, value)
+    try:
+        yield
+    finally:
+        for obj, key, _ in values:
+            setattr(obj, key, 0.0)
 
 
 def _first(inverse: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """What a policy is, as the YAML states it: model, tokenizer, prompt format, LoRA, optimizer, sampling.
 
-These dataclasses are the configuration (DESIGN rule 5): their typed fields and attribute docstrings appear in
+These dataclasses are the configuration (docs/design.md, rule 5): their typed fields and attribute docstrings appear in
 ``mutual-rl fit --help``; ``__post_init__`` validates them with errors that name the field and the fix.
 """
 
@@ -46,7 +46,7 @@ class OptimizerSpec:
     """AdamW settings of one policy (defaults: GRAFT Table 3, except lr for tiny presets)."""
 
     lr: float = 1e-6
-    """Learning rate (constant). Tiny CPU presets need 5e-5 .. 1e-4 (CALIBRATION)."""
+    """Learning rate (constant). Tiny CPU presets need 5e-5 .. 1e-4 (docs/calibration.md)."""
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = 0.01
     eps: float = 1e-8
@@ -123,7 +123,7 @@ class PolicySpec:
     """Turn the model's dropout off for every RL forward (old log-probs, the update, regime forwards), which run in
     train mode: each torch.nn.Dropout gets p = 0 and the dropout probabilities of the model and its config
     (attention_dropout, attn_pdrop, resid_pdrop, embd_pdrop, hidden_dropout, ...) become 0, so recomputed
-    log-probs equal the rollout's; exported full checkpoints carry these zeros in their config. LoRA's own
+    log-probs equal the rollout's; exported full checkpoints keep the checkpoint's own dropout values in their config. LoRA's own
     dropout is lora.dropout and stays as configured. False keeps the checkpoint's dropout."""
     warmstart: WarmStart | None = None
     """Only for ``tiny:`` presets (an error on any other model): supervised warm-up settings (default:

@@ -2,13 +2,14 @@
 
 Per mini-batch: one optimizer step. Loss normalisers are those of the whole mini-batch (``token_count``,
 ``num_seqs``), so splitting a mini-batch into micro-batches changes no gradient, and micro-batch losses are
-summed, never divided again by the number of accumulation steps (METHODS §1).
+summed, never divided again by the number of accumulation steps (docs/methods.md §1).
 
-Efficiency that changes no gradient (METHODS §1): with no KL term, rows whose advantage is 0 (all-fail and
-all-pass groups) contribute nothing to the gradient, so their forward/backward is skipped while their tokens still
-count in the token-mean denominator. A mini-batch with no active row still takes its optimizer step with zero
-gradients (AdamW's moments and weight decay move exactly as without the skip). A regime's NLL term (SGT) acts on
-its own rows (``TrainingPlan.nll``), never on the skipped ones, so the skip stays exact with it.
+Efficiency that changes no gradient (docs/methods.md §1, "Skipping zero-advantage rows"): with no KL term, rows
+whose advantage is 0 (all-fail and all-pass groups) contribute nothing to the gradient, so their forward/backward
+is skipped while their tokens still count in the token-mean denominator. A mini-batch with no active row still
+takes its optimizer step with zero gradients (AdamW's moments and weight decay move exactly as without the skip).
+A regime's NLL term (SGT) acts on its own rows (``TrainingPlan.nll``), never on the skipped ones, so the skip
+stays exact with it.
 
 Objectives come from the ``policies.objectives`` registry (``dapo`` by default; regimes may register their own,
 e.g. HACPO's sequence-level objective); the NLL term of mini-batch ``i`` is added before its optimizer step.
@@ -31,7 +32,7 @@ from mutual_rl.types import PolicyBatch
 
 @dataclass
 class GRPOConfig:
-    """GRPO/DAPO settings shared by all policies (METHODS §1; defaults from GRAFT Table 3 and DAPO)."""
+    """GRPO/DAPO settings shared by all policies (docs/methods.md §1; defaults from GRAFT Table 3 and DAPO)."""
 
     clip_low: float = 0.2
     """Lower clip ε_low of the token ratio."""
@@ -79,16 +80,20 @@ class GRPOConfig:
 
 NONFINITE_ACTIONS = ("raise", "skip")
 
+#: metrics of :func:`update_policy` that describe the whole update (every other key is a token-weighted mean over
+#: the tokens trained, absent when none was)
+STEP_METRICS = frozenset({"grad_norm", "loss", "nll", "trained_tokens", "skipped_frac", "nonfinite_skipped"})
+
 
 class NonFiniteUpdateError(FloatingPointError):
     """A policy's update met a non-finite advantage, loss, gradient or weight; no weight was changed by it."""
 
 
-def _nonfinite_message(policy, quantity: str, where: str, cause: str) -> str:
+def _nonfinite_message(policy, quantity: str, where: str, cause: str, refused: str) -> str:
     lr = policy.spec.optimizer.lr
-    return (f"policy {policy.name!r}: non-finite {quantity} {where}; the update was refused before changing any "
-            f"weight. Likely cause: {cause}. Current optimizer.lr = {lr:g}. Set algorithm.on_nonfinite: skip to "
-            f"skip such steps (counted as <policy>/nonfinite_skipped) instead of stopping.")
+    return (f"policy {policy.name!r}: non-finite {quantity} {where}; {refused}. Likely cause: {cause}. Current "
+            f"optimizer.lr = {lr:g}. Set algorithm.on_nonfinite: skip to skip such updates (counted as "
+            f"<policy>/nonfinite_skipped) instead of stopping.")
 
 
 _CAUSE_REWARD = "the reward function returned NaN/inf, or rewards so large that their spread overflows"
@@ -150,7 +155,7 @@ def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: 
     """Per mini-batch: its active parts and loss normalisers (``max_len``: the constant of
     ``seq-mean-token-sum-norm``, the policy's configured maximum response length, the same for every mini-batch).
 
-    In one process the normalisers are the mini-batch's own (METHODS §1). Under FSDP lockstep the ranks hold
+    In one process the normalisers are the mini-batch's own (docs/methods.md §1). Under FSDP lockstep the ranks hold
     different rows of one global mini-batch ``i`` (rank ``r``'s ``i``-th mini-batch): counts are agreed so that every
     rank runs the same number of mini-batches, forwards and NLL passes, the token-mean / sequence-mean / NLL
     normalisers are the *global* counts, and each rank's loss is multiplied by the world size (``scale``). FSDP
@@ -199,7 +204,8 @@ def update_policy(
     Other peer rows keep the old log-probs their regime set (a THL-aligned peer trace, or the receiver's
     log-probs the regime already computed): recomputing them would discard the trace or repeat the work.
 
-    Never trains on non-finite values: a non-finite advantage stops the update before any forward; a non-finite
+    Never trains on non-finite values: a non-finite advantage refuses the whole update before any forward (``skip``:
+    nothing of this policy trains this step, counted once per planned optimizer step); a non-finite
     loss or gradient norm of a mini-batch refuses its optimizer step (``cfg.on_nonfinite``: ``raise`` a
     :class:`NonFiniteUpdateError` naming the policy, the quantity and the likely cause, or ``skip`` the step and
     count it); non-finite weights after the update raise (they can only come from an optimizer step that
@@ -210,14 +216,22 @@ def update_policy(
     and agree on refusing a step.
     """
     batch, objective = plan.batch, get_objective(plan.objective)
+    takes_index = _accepts(objective, "update_index")
     temperature = policy.spec.sampling.temperature
     params = [p for p in policy.parameters() if p.requires_grad]
     lockstep = lockstep_needed(policy.model)
-    if not bool(torch.isfinite(batch.advantages).all()):
-        bad = (~torch.isfinite(batch.advantages)).nonzero().squeeze(-1).tolist()
-        raise NonFiniteUpdateError(_nonfinite_message(
-            policy, "advantage", f"in rows {bad[:8]} (prompt ids {[batch.prompt_ids[i] for i in bad[:8]]})",
-            _CAUSE_REWARD))
+    bad_adv = not bool(torch.isfinite(batch.advantages).all())
+    if lockstep:  # every rank refuses the same updates (each forward of a sharded model is collective)
+        bad_adv = bool(agree_max([int(bad_adv)])[0])
+    if bad_adv:
+        rows = (~torch.isfinite(batch.advantages)).nonzero().squeeze(-1).tolist()
+        where = (f"in rows {rows[:8]} (prompt ids {[batch.prompt_ids[i] for i in rows[:8]]})" if rows
+                 else "on another rank")
+        if cfg.on_nonfinite == "raise":
+            raise NonFiniteUpdateError(_nonfinite_message(
+                policy, "advantage", where, _CAUSE_REWARD, "the whole update was refused before any weight changed"))
+        return {"trained_tokens": 0.0, "skipped_frac": 1.0, "nonfinite_skipped": float(cfg.ppo_epochs * len(
+            plan.mini_batches))}
     skip = zero_advantage_skip_mask(batch.advantages, cfg.kl_coef) if cfg.skip_zero_advantage \
         else torch.zeros(len(batch), dtype=torch.bool)
     need = batch.needs_old_logp | ((cfg.old_logp == "recompute") & ~batch.is_peer)
@@ -257,9 +271,9 @@ def update_policy(
                 logp, entropy = policy.response_logp(
                     sub.input_ids, sub.attention_mask, mb.response_width, temperature, with_entropy=True
                 )
+                extra_kw = {"update_index": n_updates} if takes_index else {}
                 loss, m = objective(logp, sub, cfg=cfg, token_count=mbi.token_count, num_seqs=mbi.num_seqs,
-                                    max_len=mbi.max_len, ref_logp=ref, update_index=n_updates,
-                                    **plan.objective_kwargs)
+                                    max_len=mbi.max_len, ref_logp=ref, **extra_kw, **plan.objective_kwargs)
                 loss = loss * mbi.scale
                 finite_loss &= bool(torch.isfinite(loss.detach()))
                 backward(loss)
@@ -297,7 +311,8 @@ def update_policy(
                     raise NonFiniteUpdateError(_nonfinite_message(
                         policy, what, f"in optimizer update {n_updates - 1} of this step "
                         f"(mini-batch of {len(mbi.rows)} rows, prompt ids {sorted(set(mb.prompt_ids))[:8] if mb else []})",
-                        _CAUSE_LR))
+                        _CAUSE_LR, "that optimizer step was refused (the weights are those after the previous, "
+                        "finite, step)"))
                 zero_grad()
                 n_skipped += 1
                 continue
@@ -322,6 +337,15 @@ def update_policy(
     if cfg.on_nonfinite == "skip":
         out["nonfinite_skipped"] = float(n_skipped)
     return out
+
+
+def _accepts(fn, name: str) -> bool:
+    """Whether ``fn`` takes keyword ``name`` (explicitly or through ``**kwargs``): objectives registered before
+    ``update_index`` existed keep working."""
+    import inspect
+
+    params = inspect.signature(fn).parameters.values()
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def _accumulate(sums: dict[str, float], weights: dict[str, float], key: str, value: float, weight: float) -> None:

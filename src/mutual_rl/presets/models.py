@@ -10,7 +10,7 @@ llama-char     ``LlamaForCausalLM``     character-level, BOS ``<s>`` ~0.8 M
 llama-bpe      ``LlamaForCausalLM``     byte-level BPE, 1-digit nums ~0.9 M (a third policy)
 ============== ======================= =========================== ==========
 
-Sizes follow CALIBRATION.md (0.7-3 M parameters learn 2-digit arithmetic by a short supervised warm-up).
+Sizes follow docs/calibration.md (0.7-3 M parameters learn 2-digit arithmetic by a short supervised warm-up).
 """
 
 from __future__ import annotations

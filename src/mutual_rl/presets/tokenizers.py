@@ -5,7 +5,7 @@ Two deliberately different families, so that the embedded pair exercises the THL
 - ``char``: one token per character (``WordLevel`` over a fixed character set, ``FixedLength(1)`` split), a
   Llama-style ``<s>`` BOS added by the post-processor, ``</s>`` EOS, unknown characters map to ``<unk>``.
 - ``bpe``: GPT-2-style byte-level BPE trained on a small corpus, numbers split into single digits (as Llama-3 and
-  Qwen tokenizers do; CALIBRATION: multi-digit number tokens learn far slower), no BOS, ``<|endoftext|>`` EOS,
+  Qwen tokenizers do; docs/calibration.md: multi-digit number tokens learn far slower), no BOS, ``<|endoftext|>`` EOS,
   ``Ġ`` space marker.
 
 Both are returned as ``transformers.PreTrainedTokenizerFast`` (offsets available) with a pad token and left

@@ -2,7 +2,7 @@
 
 Loss: next-token cross-entropy on the answer tokens and the EOS only (prompt tokens are context), AdamW at a
 constant learning rate, batches drawn with replacement from the task's train split filtered by skill
-(CALIBRATION: ~300 steps at lr 1e-3, batch 64 give ~50 % greedy / ~25 % sampled pass@1 on 2-digit addition).
+(docs/calibration.md: ~300 steps at lr 1e-3, batch 64 give ~50 % greedy / ~25 % sampled pass@1 on 2-digit addition).
 Prompt and answer are tokenized separately and concatenated, exactly as rollouts are (prompt with the
 tokenizer's special tokens, answer without), so warm-up and RL see the same token layout.
 """

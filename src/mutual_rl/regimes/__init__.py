@@ -1,4 +1,4 @@
-"""Sharing regimes (METHODS §5): registered by name, one interface (:class:`Regime`)."""
+"""Sharing regimes (docs/methods.md §5): registered by name, one interface (:class:`Regime`)."""
 
 from mutual_rl.regimes.base import (
     NLLTerm,

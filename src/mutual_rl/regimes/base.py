@@ -2,7 +2,7 @@
 
 A receiver's regime is a pure transform from (its own scored groups, the peers' scored groups for the same
 prompts) to that policy's training plan: the rows to train on and the order of its mini-batches. Regimes are not
-callbacks (DESIGN); anything that crosses tokenizers goes through the THL.
+callbacks (docs/design.md, "Decisions"); anything that crosses tokenizers goes through the THL.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ def cross_rollouts(
     """``rollouts`` (a peer's) in ``receiver``'s tokenization.
 
     prompt_ids: the receiver's prompt ids per ``prompt_id`` (from its own rollouts of this step).
-    granularity: ``"word"`` / ``"span"`` to align each source trace onto the receiver tokens (THL §2.2);
+    granularity: ``"word"`` / ``"span"`` to align each source trace onto the receiver tokens (docs/methods.md §2.2);
         ``None`` leaves ``logp`` zero and ``aligned`` False (the receiver recomputes its own log-probs).
     """
     tok = receiver.tokenizer

@@ -1,4 +1,5 @@
-"""GRAFT: Gated Replacement of Answer-Failed groups with peer Trajectories (METHODS §5; paper 003 §4).
+"""GRAFT: Gated Replacement of Answer-Failed groups with peer Trajectories (docs/methods.md §5.5;
+GRAFT, arXiv 2609.37868, §4).
 
 As implemented, for a receiver ``R`` and each source ``S`` (success = ``reward > success_threshold``,
 ``k_p(q)`` = successes of ``p``'s group for prompt ``q``, ``n`` = the source group's size):
@@ -29,7 +30,9 @@ As implemented, for a receiver ``R`` and each source ``S`` (success = ``reward >
 6. **Peer-last** (``peer_last``). ``in_batch`` (default, the paper): the grafted groups replace ``R``'s failed
    groups *inside* the batch; the rows are ``R``'s remaining own groups in order, then the grafted groups (in
    ``R``'s prompt order), split with ``split_rows`` into ``num_mini_batches`` — the number and size of the
-   mini-batches do not change with grafting, and the mini-batches that hold grafted rows run last. ``extra``
+   mini-batches do not change with grafting when the source's group size equals the receiver's (a grafted group
+   brings the source's rows, fewer when some fall below the floor; with different ``sampling.n`` the mini-batches
+   follow the row count), and the mini-batches that hold grafted rows run last. ``extra``
    *(the earlier rule, kept to compare)*: the own rows alone are split into ``num_mini_batches`` and the grafted
    rows follow in *additional* mini-batches of the size plain GRPO would use (``ceil(n_own / num_mini_batches)``),
    so a step that grafts takes more optimizer steps (AdamW normalises the step size: one lone grafted row moves

@@ -1,4 +1,4 @@
-"""HACPO: capability-weighted pooled baseline and sequence-level ratios (METHODS §5, from the public HACPO code).
+"""HACPO: capability-weighted pooled baseline and sequence-level ratios (docs/methods.md §5.6, from the public HACPO code).
 
 HACPO is a baseline (GRAFT's comparison). As implemented, for receiver ``R``:
 

@@ -1,4 +1,4 @@
-"""PRP: Peer Rollout Pooling (data level; METHODS §5), and its truncated-IS objective ``prp_tis``.
+"""PRP: Peer Rollout Pooling (data level; docs/methods.md §5.2), and its truncated-IS objective ``prp_tis``.
 
 As implemented, for receiver ``R`` and each prompt ``q`` of its batch:
 

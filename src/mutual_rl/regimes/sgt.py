@@ -1,4 +1,4 @@
-"""SGT: Success-Gated Transfer (outcome level; METHODS §5).
+"""SGT: Success-Gated Transfer (outcome level; docs/methods.md §5.4).
 
 As implemented, for receiver ``R`` and each prompt ``q`` of its batch (success: ``reward > success_threshold``):
 
@@ -9,7 +9,7 @@ As implemented, for receiver ``R`` and each prompt ``q`` of its batch (success: 
    ``random.Random(f"{seed}:{step}:{R}:{prompt_id}").randrange(#candidates)`` with ``step`` the ``step`` field
    of ``R``'s own rollouts for ``q``: deterministic, independent of the peers' mapping order and of any other
    prompt, and stateless (a resumed run draws the same; nothing to checkpoint).
-3. **Cross.** The drawn response crosses to ``R``'s tokenization as text (THL §2.1, ``cross_rollouts``
+3. **Cross.** The drawn response crosses to ``R``'s tokenization as text (docs/methods.md §2.1, ``cross_rollouts``
    without trace alignment), after ``R``'s own prompt ids for ``q``.
 4. **Loss.** ``L_R = L_GRPO + λ · mean_{rescued o} [ (1/|o^R|) Σ_t −log π_R(o^R_t | q, o^R_<t) ]``, ``λ = coef``
    *(ours: token-mean per response, then mean over the rescued responses)*. ``L_GRPO`` is ``R``'s unchanged own
@@ -19,7 +19,8 @@ As implemented, for receiver ``R`` and each prompt ``q`` of its batch (success: 
    rescued rows of its own mini-batch *(ours; with one mini-batch this is exactly the formula above)*. The
    NLL log-probs use the policy's sampling temperature, as every log-prob of the update does.
 
-Applies in every direction and for any number of policies (N = 1: no peers, plain GRPO, ``nll`` is None).
+Applies in every direction and for any number of policies (with no peer groups delivered it is plain GRPO and
+``nll`` is None; the module refuses a sharing regime on a single policy unless a recorded peer is replayed).
 
 Flows per source (units: responses): the drawn success ``consumed``; on a gated prompt the other successes
 ``not_drawn`` and the failures ``not_success``; every response for a prompt whose gate is closed (``R`` had a

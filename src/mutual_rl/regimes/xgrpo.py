@@ -1,4 +1,4 @@
-"""XGRPO: Cross-Policy GRPO Advantage Sharing (value level; METHODS §5).
+"""XGRPO: Cross-Policy GRPO Advantage Sharing (value level; docs/methods.md §5.3).
 
 The receiver ``R`` trains on its own rollouts only (strictly on-policy); only the peers' *scalar rewards* for
 the same prompt cross, so no THL is involved. As implemented, for every prompt ``q`` of ``R``'s batch:

@@ -1,4 +1,4 @@
-"""Text-in rewards (DESIGN rule 12): ``fn(completion: str, answer: str) -> float``, one registry.
+"""Text-in rewards (docs/design.md, rule 12): ``fn(completion: str, answer: str) -> float``, one registry.
 
 Registered names: ``integer_match`` (strict integer exact match, the built-in task's reward),
 ``boxed_integer_match``, ``last_integer`` (lenient), ``boxed_format``, ``math_verify`` (math-verify in a

@@ -1,4 +1,4 @@
-"""Reward registry: one signature, names resolved once (DESIGN rules 2 and 12).
+"""Reward registry: one signature, names resolved once (docs/design.md, rules 2 and 12).
 
 A reward function takes text and returns a float::
 

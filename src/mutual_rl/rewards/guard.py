@@ -32,6 +32,7 @@ import math
 import numbers
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -183,12 +184,18 @@ class GuardedReward:
                     "timeout", f"took longer than its limit of {self.timeout_s} s", completion, answer, where))
                 return 0.0, "timeout"
             return float(result.value), "ok"
+        t0 = time.monotonic()
         try:
             value = call_with_time_limit(self.fn, (completion, answer), self.timeout_s)
         except TimeoutError:
             return self._fail("timeout", f"did not return within {self.timeout_s:g} s", completion, answer, where)
         except Exception as exc:  # noqa: BLE001 - any failure of user code becomes one named error
             return self._fail("error", f"raised {type(exc).__name__}: {exc}", completion, answer, where, exc)
+        elapsed = time.monotonic() - t0
+        if self.timeout_s is not None and elapsed > self.timeout_s:
+            # the call returned, but late: it (or a library it uses) replaced or cancelled our SIGALRM timer
+            return self._fail("timeout", f"returned after {elapsed:.1f} s, past its limit of {self.timeout_s:g} s "
+                              "(it disarmed the time limit, e.g. with its own signal.alarm)", completion, answer, where)
         number = _finite_number(value)
         if number is None:
             shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:60] + "..."

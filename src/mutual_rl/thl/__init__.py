@@ -1,4 +1,4 @@
-"""Tokenizer Heterogeneity Layer (METHODS.md §2): retokenization, trace alignment, residual report."""
+"""Tokenizer Heterogeneity Layer (docs/methods.md §2): retokenization, trace alignment, residual report."""
 
 from mutual_rl.thl.align import GRANULARITIES, AlignmentGroup, align_trace, align_traces, alignment_groups
 from mutual_rl.thl.offsets import encode_with_offsets, offsets_by_decoding

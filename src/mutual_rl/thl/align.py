@@ -1,4 +1,4 @@
-"""THL policy-distribution alignment: carry a source log-prob trace onto receiver tokens (METHODS.md §2.2).
+"""THL policy-distribution alignment: carry a source log-prob trace onto receiver tokens (docs/methods.md §2.2).
 
 Both tokenizations of the same response text are given as character spans ``(start, end)`` into ``text``
 (fast tokenizers' ``return_offsets_mapping``). The algorithm, as implemented:

@@ -1,4 +1,4 @@
-"""Response encoding with character offsets (METHODS.md §2.3), with a decoding fallback for slow tokenizers."""
+"""Response encoding with character offsets (docs/methods.md §2.3), with a decoding fallback for slow tokenizers."""
 
 from __future__ import annotations
 

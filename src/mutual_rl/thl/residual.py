@@ -1,4 +1,4 @@
-"""THL residual report (METHODS.md §2.2): how far the aligned peer trace is from the receiver's own log-probs."""
+"""THL residual report (docs/methods.md §2.2): how far the aligned peer trace is from the receiver's own log-probs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""THL text adaptation (retokenization): a peer response crosses to a receiver as text (METHODS.md §2.1).
+"""THL text adaptation (retokenization): a peer response crosses to a receiver as text (docs/methods.md §2.1).
 
 Source side: :func:`decode_source` decodes the peer's ids with special tokens skipped and the terminal EOS
 removed. Receiver side: :func:`retokenize` encodes the prompt in the receiver's own format and the response
