@@ -11,20 +11,32 @@ Resumable: a finished run leaves ``done.json`` and is skipped; an interrupted on
 
 Outputs under ``results/<name>/``: ``table.md`` (per policy: held-out pass@1 — the mean of the last ``--last-k``
 evaluations — as mean ± std over seeds, overall and per skill, Δ vs GRPO and whether Δ exceeds the seed-to-seed
-spread), ``diagnostics.md`` (gate rates, admitted fractions, transfers, clip fractions), ``pass_at_1.png``,
-``entropy_kl.png``, ``transfers.png``, and ``summary.json``. Run folders (``runs/``) are not committed.
+spread), ``diagnostics.md`` (gate rates, admitted fractions, transfers, clip fractions, KL), ``summary.json`` (the
+table's per-seed values), ``curves.json`` (the per-seed series the figures read) and the figures. Run folders
+(``runs/``) are not committed.
+
+Figures (``scripts/compare_plots.py``; one fixed colour per regime in every figure; lines are the mean over seeds, bands ± 1 std over seeds):
+``pass_at_1.png`` (held-out pass@1 per evaluation), ``entropy_kl.png`` (token entropy and the approx. KL to the
+behaviour policy on *own* rows, ``self/approx_kl``, on a log scale: the all-rows ``approx_kl`` of PRP
+``peer_aligned`` measures peer tokens against the peer trace and does not compare; runs that predate
+``self/approx_kl`` fall back to ``approx_kl`` and the panel title says so), ``transfers.png`` (cumulative peer
+responses consumed per direction, log scale) and ``pass_at_1_final.png`` (end-of-run pass@1 per regime, seeds as
+dots, mean ± std, step-0 value). ``--from-summary`` redraws them from ``summary.json`` (and ``curves.json`` when
+present) without the runs.
 
 Usage::
 
     python scripts/compare_regimes.py --name embedded                 # 7 regimes x 3 seeds, 400 steps
     python scripts/compare_regimes.py --name smoke --smoke            # 2 steps, 1 seed, tiny warm-up
     python scripts/compare_regimes.py --name embedded --report-only   # rebuild table/plots from finished runs
+    python scripts/compare_regimes.py --name embedded --from-summary  # redraw the figures from summary/curves.json
     python scripts/compare_regimes.py --name ws1500 --warmstart-steps 1500 --regimes grpo sgt graft --seeds 0
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -37,6 +49,12 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_CONFIG = ROOT / "configs" / "sgt.yaml"
+
+# the figures live next to this script (scripts/compare_plots.py); loaded by path, as scripts are not a package
+_spec = importlib.util.spec_from_file_location("compare_plots", Path(__file__).resolve().with_name("compare_plots.py"))
+figures = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(figures)
+mean_std, plots, final_plot, CURVE_TAGS = figures.mean_std, figures.plots, figures.final_plot, figures.CURVE_TAGS
 
 #: regime label -> (model.regime, model.regime_args, model.algorithm overrides)
 REGIMES: dict[str, tuple[str, dict, dict]] = {
@@ -142,15 +160,6 @@ def last_k_mean(series: list[tuple[int, float]], k: int) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
-def mean_std(xs: list[float]) -> tuple[float, float]:
-    xs = [x for x in xs if not math.isnan(x)]
-    if not xs:
-        return float("nan"), float("nan")
-    m = sum(xs) / len(xs)
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
-    return m, sd
-
-
 def report(args, root: Path) -> None:
     data = {}
     for label in args.regimes:
@@ -176,8 +185,10 @@ def report(args, root: Path) -> None:
                 summary.setdefault(label, {}).setdefault(p, {})[m] = {"values": vals, "start": mean_std(start)[0]}
     write_table(args, root, summary, policies, metrics)
     write_diagnostics(args, root, data, policies)
-    plots(args, root, data, policies)
     (root / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_curves(args, root, data, policies)
+    plots(args, root, data, policies)
+    final_plot(args, root, summary)
     print(f"[compare] wrote {root / 'table.md'}", flush=True)
 
 
@@ -234,7 +245,8 @@ def write_table(args, root: Path, summary, policies, metrics) -> None:
 
 
 DIAG = ["all_fail_frac", "rescued", "gate_rate", "admitted_frac", "transferred_responses", "peer/clip_frac_low",
-        "peer/clip_frac_high", "self/clip_frac_low", "self/clip_frac_high", "nll", "entropy", "approx_kl"]
+        "peer/clip_frac_high", "self/clip_frac_low", "self/clip_frac_high", "nll", "entropy", "approx_kl",
+        "self/approx_kl"]
 
 
 def write_diagnostics(args, root: Path, data, policies) -> None:
@@ -250,65 +262,42 @@ def write_diagnostics(args, root: Path, data, policies) -> None:
     (root / "diagnostics.md").write_text("\n".join(lines) + "\n")
 
 
-def _curve(data, label, seeds, tag):
-    by_step: dict[int, list[float]] = {}
-    for s in seeds:
-        for step, v in data.get((label, s), {}).get(tag, []):
-            by_step.setdefault(step, []).append(v)
-    steps = sorted(by_step)
-    return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
+def write_curves(args, root: Path, data, policies) -> None:
+    """``curves.json``: the per-seed series the plots read, so ``--from-summary`` can redraw them without runs."""
+    def keep(tag: str) -> bool:
+        if tag.startswith("exchange/"):
+            return "->" in tag and tag.endswith("/consumed")
+        return any(tag == f"{p}/{t}" for p in policies for t in CURVE_TAGS)
+
+    series: dict = {}
+    for (label, seed), sc in sorted(data.items()):
+        series.setdefault(label, {})[str(seed)] = {
+            t: [[int(st), float(f"{v:.6g}")] for st, v in sorted(pts)] for t, pts in sorted(sc.items()) if keep(t)}
+    (root / "curves.json").write_text(json.dumps({"policies": policies, "series": series}, separators=(",", ":")))
 
 
-def _smooth(ys: list[float], w: int = 20) -> list[float]:
-    return [sum(ys[max(0, i - w + 1) : i + 1]) / len(ys[max(0, i - w + 1) : i + 1]) for i in range(len(ys))]
-
-
-def plots(args, root: Path, data, policies) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(policies), figsize=(6 * len(policies), 4), squeeze=False)
-    for ax, p in zip(axes[0], policies):
-        for label in args.regimes:
-            steps, ys = _curve(data, label, args.seeds, f"{p}/val/pass@1")
-            ax.plot(steps, [100 * y for y in ys], marker="o", label=label)
-        ax.set(title=f"{p}: held-out pass@1 (mean over seeds)", xlabel="step", ylabel="pass@1 (%)")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(root / "pass_at_1.png", dpi=110)
-    plt.close(fig)
-
-    fig, axes = plt.subplots(2, len(policies), figsize=(6 * len(policies), 7), squeeze=False)
-    for j, p in enumerate(policies):
-        for i, (tag, name) in enumerate((("entropy", "entropy"), ("approx_kl", "approx KL to old policy"))):
-            for label in args.regimes:
-                steps, ys = _curve(data, label, args.seeds, f"{p}/{tag}")
-                axes[i][j].plot(steps, _smooth(ys), label=label)
-            axes[i][j].set(title=f"{p}: {name} (smoothed)", xlabel="step")
-            axes[i][j].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(root / "entropy_kl.png", dpi=110)
-    plt.close(fig)
-
-    flows = sorted({t.split("/")[1] for s in data.values() for t in s
-                    if t.startswith("exchange/") and t.endswith("/consumed") and "->" in t})
-    fig, axes = plt.subplots(1, max(1, len(flows)), figsize=(6 * max(1, len(flows)), 4), squeeze=False)
-    for ax, flow in zip(axes[0], flows):
-        for label in args.regimes:
-            steps, ys = _curve(data, label, args.seeds, f"exchange/{flow}/consumed")
-            if steps:
-                cum, total = [], 0.0
-                for y in ys:
-                    total += y
-                    cum.append(total)
-                ax.plot(steps, cum, label=label)
-        ax.set(title=f"{flow}: peer responses consumed (cumulative)", xlabel="step")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(root / "transfers.png", dpi=110)
-    plt.close(fig)
+def replot(args, root: Path) -> None:
+    """``--from-summary``: redraw the figures from ``summary.json`` (and ``curves.json`` when present) alone."""
+    path = root / "summary.json"
+    if not path.exists():
+        raise SystemExit(f"[compare] {path} does not exist")
+    summary = json.loads(path.read_text())
+    known = [lab for lab in args.regimes if lab in summary]
+    args.regimes = known + [lab for lab in summary if lab not in known]
+    n = max((len(v["values"]) for lab in summary for p in summary[lab] for v in summary[lab][p].values()), default=1)
+    final_plot(args, root, summary)
+    written = ["pass_at_1_final.png"]
+    curves = root / "curves.json"
+    if curves.exists():
+        blob = json.loads(curves.read_text())
+        data = {(lab, int(s)): {t: [tuple(x) for x in pts] for t, pts in sc.items()}
+                for lab, by_seed in blob["series"].items() for s, sc in by_seed.items()}
+        args.seeds = sorted({s for _, s in data}) or list(range(n))
+        plots(args, root, data, blob["policies"])
+        written += ["pass_at_1.png", "entropy_kl.png", "transfers.png"]
+    else:
+        print(f"[compare] no {curves.name} in {root}: the per-step figures need the runs (--report-only)", flush=True)
+    print(f"[compare] wrote {', '.join(str(root / w) for w in written)}", flush=True)
 
 
 def main(argv=None) -> None:
@@ -329,11 +318,16 @@ def main(argv=None) -> None:
                     help="override both policies' supervised warm-up steps (calibration; see calibrate_warmstart.py)")
     ap.add_argument("--smoke", action="store_true", help="2 steps, 1 seed, tiny warm-up and evaluation")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--from-summary", "--replot", dest="from_summary", action="store_true",
+                    help="only redraw the figures from results/<name>/summary.json (and curves.json), no runs")
     args = ap.parse_args(argv)
     if args.smoke:
         args.steps, args.val_every, args.val_per_skill, args.k, args.ckpt_every = 2, 1, 8, 2, 1
         args.seeds = args.seeds[:1]
     root = Path(args.results) / args.name
+    if args.from_summary:
+        replot(args, root)
+        return
     root.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         run_all(args, root)

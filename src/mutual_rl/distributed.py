@@ -41,13 +41,16 @@ def collective_device() -> torch.device:
     return torch.device("cpu")
 
 
+def is_sharded(module: nn.Module) -> bool:
+    """Some submodule of ``module`` is wrapped by FSDP."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return any(isinstance(m, FullyShardedDataParallel) for m in module.modules())
+
+
 def lockstep_needed(module: nn.Module) -> bool:
     """True when ``module`` (a policy's model) is FSDP-sharded across more than one process."""
-    if not is_distributed():
-        return False
-    from mutual_rl.strategies import is_sharded
-
-    return is_sharded(module)
+    return is_distributed() and is_sharded(module)
 
 
 def agree_max(values: Sequence[int]) -> list[int]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -29,7 +28,7 @@ from mutual_rl.distributed import (
     rank_part,
 )
 from mutual_rl.evaluation.validation import EvalConfig, Evaluator
-from mutual_rl.exchange import ExperienceExchange
+from mutual_rl.exchange import ExperienceExchange, trace_records
 from mutual_rl.policies.policy import build_policy
 from mutual_rl.policies.scoring import score_groups
 from mutual_rl.policies.spec import PolicySpec
@@ -40,16 +39,7 @@ from mutual_rl.rewards import RewardError, get_reward
 from mutual_rl.rollout import get_engine
 from mutual_rl.strategies import full_params, has_activation_checkpointing
 from mutual_rl.types import PromptBatch, ScoredGroup
-
-# Lightning warnings that do not apply here: the data module resumes its stream itself (mark_consumed /
-# state_dict), prompts are text (no device transfer), and the prompt stream is read by one process.
-for _msg in (
-    r".*resuming from a checkpoint that ended before the epoch ended.*",
-    r".*overridden `transfer_batch_to_device` in `LightningModule`.*",
-    r".*Your `IterableDataset` has `__len__` defined.*",
-    r".*Using ModelCheckpoint with manual optimization.*",
-):
-    warnings.filterwarnings("ignore", message=_msg)
+from mutual_rl.warnings_filters import ignore_inapplicable_warnings
 
 
 class MutualRLModule(LightningModule):
@@ -258,8 +248,13 @@ class MutualRLModule(LightningModule):
                               dropped={"over_budget": sum(len(g.rollouts) for g in gs)} if gs else {})
                 continue
             t0 = time.perf_counter()
-            plan = self.regimes[spec.name].plan(policy, groups[spec.name], ex.deliveries(spec.name),
+            delivered = ex.deliveries(spec.name)
+            plan = self.regimes[spec.name].plan(policy, groups[spec.name], delivered,
                                                  self.algorithm.num_mini_batches)
+            if plan.crossed:  # aligned traces (PRP peer_aligned) go with the step's traffic (stored, not delivered)
+                traces = trace_records(plan.crossed, [g for gs in delivered.values() for g in gs])
+                if traces:
+                    ex.publish(traces)
             every = self.thl_residual_every_n_steps
             if plan.crossed is not None and every and step % every == 0:
                 granularity = getattr(self.regimes[spec.name], "granularity", "word")  # the regime's own, if any
@@ -493,7 +488,9 @@ class MutualRLModule(LightningModule):
         """Before fit: a sharing regime (one that reads peers' records: every built-in regime but ``none``) needs a
         peer -- a second policy in ``model.policies`` or one replayed by the ``ExperienceExchange`` callback
         (stored-peer mode); else it is an error naming the regime. A fit that trains nothing (``max_steps=0``, e.g.
-        to build the policies) is not checked."""
+        to build the policies) is not checked. Also silences the Lightning warnings that do not apply here
+        (:mod:`mutual_rl.warnings_filters`)."""
+        ignore_inapplicable_warnings()
         if stage != "fit" or len(self.specs) > 1 or self.trainer.max_steps == 0:
             return
         callbacks = getattr(self._trainer, "callbacks", []) if self._trainer is not None else []

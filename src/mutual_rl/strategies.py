@@ -42,6 +42,8 @@ import torch
 from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 
+from mutual_rl.distributed import collective_device, is_sharded  # noqa: F401 (is_sharded: re-exported)
+
 PRECISIONS = ("bf16", "fp16", "fp32")
 SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -246,12 +248,6 @@ def has_activation_checkpointing(module: nn.Module) -> bool:
     return any(type(m).__name__ == "CheckpointWrapper" for m in module.modules())
 
 
-def is_sharded(module: nn.Module) -> bool:
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    return any(isinstance(m, FullyShardedDataParallel) for m in module.modules())
-
-
 @contextmanager
 def full_params(module: nn.Module):
     """Context in which ``module``'s parameters are whole (gathered from their FSDP shards; a no-op without
@@ -323,8 +319,6 @@ def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, sharded: bool =
     grads = [p.grad for p in params if p.grad is not None]
     if not (sharded and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    from mutual_rl.distributed import collective_device
-
     local = torch.zeros((), dtype=torch.float32, device=collective_device())  # grads may be offloaded to CPU
     for g in grads:
         local += g.detach().float().pow(2).sum().to(local.device)

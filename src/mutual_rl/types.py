@@ -67,9 +67,15 @@ class CrossedRollout:
     """A peer's rollout carried into a receiver's tokenization as text (docs/methods.md §2.1).
 
     ``source`` is the peer's original record (its ids, trace and offsets in its own tokenization); the other
-    fields are in the *receiver's* tokenization. ``logp`` is the source trace aligned onto the receiver's
-    tokens (docs/methods.md §2.2, mass-preserving) when alignment was requested, else zeros (then the receiver must
-    recompute its own old log-probs for these tokens).
+    fields are in the *receiver's* tokenization. The two log-prob fields keep the sources apart (docs/design.md,
+    rule 3):
+
+    * ``source_logp``: the source trace aligned onto the receiver's tokens (docs/methods.md §2.2,
+      mass-preserving) when alignment was requested (``aligned``), else zeros;
+    * ``old_logp``: the behaviour log-probs the receiver's update uses for these tokens, set by the regime that
+      decided them (GRAFT: the receiver's own old log-probs; PRP ``peer_aligned``: the aligned trace, by its
+      rule), else ``None`` -- then the receiver recomputes its own old log-probs before the update
+      (``PolicyBatch.needs_old_logp``).
     """
 
     source: Rollout
@@ -77,8 +83,9 @@ class CrossedRollout:
     prompt_ids: torch.Tensor  # [P] long, receiver's prompt in its own format
     response_ids: torch.Tensor  # [T] long, receiver's tokens of source.response_text (+ its EOS iff source stopped)
     offsets: tuple[tuple[int, int], ...]  # T spans in source.response_text (EOS: zero-width at the end)
-    logp: torch.Tensor  # [T] float, aligned source trace (or zeros when not aligned)
+    source_logp: torch.Tensor  # [T] float, aligned source trace (zeros when not aligned)
     aligned: bool
+    old_logp: torch.Tensor | None = None  # [T] float, receiver-side behaviour log-probs, when a regime set them
 
     @property
     def prompt_id(self) -> int:
@@ -99,10 +106,6 @@ class ScoredGroup:
     rollouts: tuple[Rollout, ...]
     rewards: torch.Tensor  # [n] float
     advantages: torch.Tensor  # [n] float
-
-    @property
-    def num_success(self) -> int:
-        return int((self.rewards > 0).sum())
 
 
 @dataclass

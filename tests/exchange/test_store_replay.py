@@ -71,6 +71,19 @@ def test_replay_returns_exactly_what_was_published(tmp_path):
     assert [s for s, _ in peer] == [0, 1, 2]
 
 
+def test_stored_traces_read_back_per_source_and_receiver(tmp_path):
+    record_run(tmp_path)
+    a = StoredPeer(tmp_path, "a")
+    for step in range(3):
+        (t,) = a.traces(step)
+        assert (t.policy_id, t.prompt_id, t.step, t.index, t.receiver_id) == ("a", PROMPTS[step][0], step, 0, "b")
+        assert torch.equal(t.source_logp, torch.tensor([-0.1, -2.5]))
+        assert a.traces(step, receiver_id="b") == [t] and a.traces(step, receiver_id="a") == []
+    assert StoredPeer(tmp_path, "b").traces(1) == []  # b's responses were never aligned onto a's tokens
+    with pytest.raises(StoredTrafficError, match="missing stored exchange file"):
+        a.traces(7)
+
+
 def test_replay_mode_delivers_recorded_peer_as_if_co_trained(tmp_path):
     published = record_run(tmp_path / "rec")
     ex = ExperienceExchange(replay_dir=str(tmp_path / "rec"), replay_policies=["b"], store_dir=str(tmp_path / "new"))

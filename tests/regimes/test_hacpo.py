@@ -9,15 +9,11 @@ import math
 import pytest
 import torch
 
+from mutual_rl.algorithms.hacpo import capability_ratio, hacpo_advantages, lower_bound
+from mutual_rl.policies.objectives import hacpo as hacpo_objective
 from mutual_rl.policies.update import GRPOConfig
 from mutual_rl.regimes import get_regime
-from mutual_rl.regimes.hacpo import (
-    HACPO,
-    capability_ratio,
-    hacpo_advantages,
-    hacpo_objective,
-    lower_bound,
-)
+from mutual_rl.regimes.hacpo import HACPO
 from mutual_rl.types import PolicyBatch
 from tests.regimes.scenario import FakeReceiver, make_group
 
@@ -147,7 +143,7 @@ def _example():
 
 def test_objective_value_gradient_and_metrics_hand_derived():
     logp, sub = _example()
-    loss, m = hacpo_objective(logp, sub, cfg=GRPOConfig(), token_count=None, num_seqs=5, max_len=2, lower=0.8)
+    loss, m = hacpo_objective(logp, sub, **GRPOConfig().loss_kwargs(), token_count=None, num_seqs=5, max_len=2, lower=0.8)
     loss.backward()
     s2 = math.exp(-0.2)  # row 2: s = e^{-0.1}, s^2
     # terms: row0 self s = e^.1 > 1 + 4e-4, Â > 0 -> 1.0004 (clipped, no grad); row1 self s = 1, Â = -1 -> -1;
@@ -167,7 +163,7 @@ def test_objective_value_gradient_and_metrics_hand_derived():
 
 def test_objective_alpha_and_lower_bound():
     logp, sub = _example()
-    loss, _ = hacpo_objective(logp, sub, cfg=GRPOConfig(), token_count=None, num_seqs=5, max_len=2, lower=0.95,
+    loss, _ = hacpo_objective(logp, sub, **GRPOConfig().loss_kwargs(), token_count=None, num_seqs=5, max_len=2, lower=0.95,
                               alpha=2.0)
     loss.backward()
     # row2: s = e^{-.1} = .905 < .95 -> clipped to .95, no grad: .95 · .95² · 4; row4 -> .95³ · (-1)
@@ -182,7 +178,7 @@ def test_objective_micro_batch_invariant_with_kl(kl_peer_rows):
     cfg = GRPOConfig(kl_coef=1e-3, kl_kind="k3")
     logp, sub = _example()
     ref = logp.detach() - 0.1  # d = 0.1 per token: k3 = e^{-.1} + .1 - 1
-    loss, m = hacpo_objective(logp, sub, cfg=cfg, token_count=None, num_seqs=5, max_len=2, ref_logp=ref,
+    loss, m = hacpo_objective(logp, sub, **cfg.loss_kwargs(), token_count=None, num_seqs=5, max_len=2, ref_logp=ref,
                               kl_peer_rows=kl_peer_rows)
     loss.backward()
     k3 = math.exp(-0.1) + 0.1 - 1
@@ -205,7 +201,7 @@ def test_objective_micro_batch_invariant_with_kl(kl_peer_rows):
     for rows in ([0, 1], [2, 3, 4]):
         part = sub.select(rows)
         lp = logp2[rows]
-        loss_i, _ = hacpo_objective(lp, part, cfg=cfg, token_count=None, num_seqs=5, max_len=2, ref_logp=ref[rows],
+        loss_i, _ = hacpo_objective(lp, part, **cfg.loss_kwargs(), token_count=None, num_seqs=5, max_len=2, ref_logp=ref[rows],
                                     kl_peer_rows=kl_peer_rows)
         loss_i.backward()
         total += float(loss_i.detach())

@@ -147,7 +147,7 @@ def test_prp_tis_loss_and_gradient_by_hand():
     batch, logp0 = tiny_batch()
     logp = logp0.clone().requires_grad_(True)
     fn = get_objective("prp_tis")
-    loss, m = fn(logp, batch, cfg=GRPOConfig(), token_count=batch.response_mask.sum(), num_seqs=2, max_len=3,
+    loss, m = fn(logp, batch, **GRPOConfig().loss_kwargs(), token_count=batch.response_mask.sum(), num_seqs=2, max_len=3,
                  is_cap=1.5)
     w = torch.tensor([1.5, math.exp(-1), 1.0])
     assert loss.item() == pytest.approx((2.0 - (w * 2.0).sum().item()) / 5, abs=1e-6)
@@ -168,7 +168,7 @@ def test_prp_tis_own_rows_keep_the_dapo_clip_and_peer_weights_scale():
     logp0[0, :2] = torch.tensor([-0.3, 0.2])
     batch.weights = torch.tensor([1.0, 0.5])
     logp = logp0.clone().requires_grad_(True)
-    loss, _ = get_objective("prp_tis")(logp, batch, cfg=GRPOConfig(), token_count=5.0, num_seqs=2, max_len=3,
+    loss, _ = get_objective("prp_tis")(logp, batch, **GRPOConfig().loss_kwargs(), token_count=5.0, num_seqs=2, max_len=3,
                                        is_cap=2.0)
     loss.backward()
     r = math.exp(0.4)
@@ -178,7 +178,7 @@ def test_prp_tis_own_rows_keep_the_dapo_clip_and_peer_weights_scale():
     # positive own advantage above 1 + ε_high is clipped: no gradient on those tokens
     batch.advantages = torch.tensor([1.0, 2.0])
     logp = logp0.clone().requires_grad_(True)
-    get_objective("prp_tis")(logp, batch, cfg=GRPOConfig(), token_count=5.0, num_seqs=2, max_len=3)[0].backward()
+    get_objective("prp_tis")(logp, batch, **GRPOConfig().loss_kwargs(), token_count=5.0, num_seqs=2, max_len=3)[0].backward()
     assert logp.grad[0].eq(0).all()
 
 
@@ -189,19 +189,19 @@ def test_prp_tis_is_micro_batch_invariant(agg):
     fn = get_objective("prp_tis")
     tc, ns = batch.response_mask.sum(), 2
     whole = logp0.clone().requires_grad_(True)
-    loss_whole, _ = fn(whole, batch, cfg=cfg, token_count=tc, num_seqs=ns, max_len=3)
+    loss_whole, _ = fn(whole, batch, **cfg.loss_kwargs(), token_count=tc, num_seqs=ns, max_len=3)
     loss_whole.backward()
     parts = logp0.clone().requires_grad_(True)
     total = 0.0
     for rows in ([0], [1]):
         sub = batch.select(rows)
-        loss, _ = fn(parts[rows], sub, cfg=cfg, token_count=tc, num_seqs=ns, max_len=3)
+        loss, _ = fn(parts[rows], sub, **cfg.loss_kwargs(), token_count=tc, num_seqs=ns, max_len=3)
         loss.backward()
         total += loss.item()
     assert total == pytest.approx(loss_whole.item(), abs=1e-7)
     torch.testing.assert_close(parts.grad, whole.grad, rtol=0, atol=1e-7)
     # without global normalisers the call normalises over all its rows (same as given)
-    again, _ = fn(logp0.clone(), batch, cfg=cfg, token_count=None, num_seqs=None, max_len=3)
+    again, _ = fn(logp0.clone(), batch, **cfg.loss_kwargs(), token_count=None, num_seqs=None, max_len=3)
     assert again.item() == pytest.approx(loss_whole.item(), abs=1e-7)
 
 

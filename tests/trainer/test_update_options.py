@@ -69,7 +69,7 @@ def test_hacpo_peer_rows_get_gradient_at_step_50(schedule, live):
     assert b.is_peer.any() and (b.advantages[b.is_peer] != 0).all()
     for update_index in range(4):  # the four optimizer updates of step 50
         logp = torch.full(b.response_mask.shape, -0.5, requires_grad=True)
-        loss, m = get_objective("hacpo")(logp, b, cfg=GRPOConfig(), token_count=None, num_seqs=len(b),
+        loss, m = get_objective("hacpo")(logp, b, **GRPOConfig().loss_kwargs(), token_count=None, num_seqs=len(b),
                                          max_len=8, update_index=update_index, **plan.objective_kwargs)
         loss.backward()
         peer_grad = float(logp.grad[b.is_peer].abs().sum())
@@ -222,13 +222,15 @@ def test_non_finite_advantage_in_skip_mode_trains_nothing_and_counts(policy):
 
 
 def test_objectives_without_update_index_keep_working(policy):
-    """An objective written to the signature before ``update_index`` existed (no ``**kwargs``) is still called."""
+    """An objective that does not take ``update_index`` (no ``**kwargs``) is called without it."""
     name = "test_old_signature"
     try:
         @register_objective(name)
-        def _old(logp, sub, *, cfg, token_count, num_seqs, max_len, ref_logp=None):
-            return dapo(logp, sub, cfg=cfg, token_count=token_count, num_seqs=num_seqs, max_len=max_len,
-                        ref_logp=ref_logp)
+        def _old(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind, token_count, num_seqs,
+                 max_len, ref_logp=None):
+            return dapo(logp, sub, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg,
+                        kl_coef=kl_coef, kl_kind=kl_kind, token_count=token_count, num_seqs=num_seqs,
+                        max_len=max_len, ref_logp=ref_logp)
     except ValueError:
         pass
     plan = _plan_of(policy)

@@ -17,7 +17,7 @@ import torch
 from transformers import GenerationConfig
 
 from mutual_rl.data.task import Problem
-from mutual_rl.distributed import agree_max, lockstep_needed
+from mutual_rl.policies.lockstep import in_lockstep, padded
 from mutual_rl.rollout.hf import only_config
 from mutual_rl.strategies import generation_params
 
@@ -33,10 +33,8 @@ def greedy_generate(policy, problems: Sequence[Problem], max_new_tokens: int, ba
     was_training = model.training
     model.eval()
     out: list[str] = []
-    synced = lockstep_needed(model)  # FSDP, several ranks: same number of generate calls everywhere
-    starts = list(range(0, len(prompt_ids), batch_size))
-    if synced:
-        starts += [None] * (agree_max([len(starts)])[0] - len(starts))
+    synced = in_lockstep(policy)  # FSDP, several ranks: same number of generate calls everywhere
+    starts = padded(policy, list(range(0, len(prompt_ids), batch_size)))
     try:
         for start in starts:
             chunk = prompt_ids[start : start + batch_size] if start is not None else [policy.dummy_prompt_ids()]

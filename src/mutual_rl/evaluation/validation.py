@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 import torch
 
-from mutual_rl.distributed import collective_device
 from mutual_rl.evaluation.answers import answer_extractor
 from mutual_rl.evaluation.complementarity import complementarity_table
 from mutual_rl.evaluation.greedy import greedy_generate
@@ -41,6 +40,7 @@ from mutual_rl.evaluation.metrics import (
     ProblemMean,
     majority_correct,
 )
+from mutual_rl.policies.lockstep import reduction_device
 from mutual_rl.policies.spec import SamplingSpec
 
 
@@ -204,7 +204,7 @@ class Evaluator:
 
 def _default_device() -> torch.device:
     """Where a policy with no results on this rank reduces its metrics: the device collectives need."""
-    return collective_device()
+    return reduction_device()
 
 
 def _union(local: dict[str, list[str]]) -> dict[str, list[str]]:

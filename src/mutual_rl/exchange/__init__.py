@@ -2,15 +2,16 @@
 stored-peer replay.
 
 * ``records.py``  -- record kinds (``Rollout`` from ``mutual_rl.types``, ``RewardRecord``, ``AdvantageRecord``,
-  ``TraceRecord``) and the exact ``ScoredGroup`` <-> records conversion;
+  ``TraceRecord``), the exact ``ScoredGroup`` <-> records conversion and ``trace_records`` (aligned traces of
+  crossed responses);
 * ``bus.py``      -- ``ExchangeBus``: publish/subscribe, per-flow drop accounting, totals;
 * ``callback.py`` -- ``ExperienceExchange(ExchangeBus, Callback)``: hooks, logging, checkpointed totals;
 * ``store.py``    -- one schema-versioned JSONL file per step, atomic writes, validated reads;
-* ``replay.py``   -- ``StoredPeer``: a peer's recorded groups by step, checked against the receiver's prompts.
+* ``replay.py``   -- ``StoredPeer``: a peer's recorded groups (and aligned traces) by step, checked against the
+  receiver's prompts.
 """
 
 from mutual_rl.exchange.bus import (
-    DROP_REASONS,
     ExchangeAccountingError,
     ExchangeBus,
     ExchangeProtocolError,
@@ -28,6 +29,7 @@ from mutual_rl.exchange.records import (
     groups_from_records,
     record_kind,
     records_from_group,
+    trace_records,
 )
 from mutual_rl.exchange.replay import ReplayMismatchError, StoredPeer
 from mutual_rl.exchange.store import (
@@ -40,7 +42,6 @@ from mutual_rl.exchange.store import (
 )
 
 __all__ = [
-    "DROP_REASONS",
     "GROUP_KINDS",
     "RECORD_KINDS",
     "SCHEMA_VERSION",
@@ -63,5 +64,6 @@ __all__ = [
     "records_from_group",
     "step_path",
     "stored_steps",
+    "trace_records",
     "write_step",
 ]

@@ -25,8 +25,9 @@ naming the receiver (and its regime), the source and the counts if a delivered f
 ``exchange/<source>-><receiver>/delivered|consumed|dropped/<reason>`` plus ``exchange/<source>/published``;
 cumulative totals are kept in :meth:`totals` and in the state dict (checkpointed by the callback).
 
-Trace records (THL-aligned traces, receiver-side) may be published too: they are stored with the step's traffic
-but neither delivered nor accounted.
+Trace records (THL-aligned traces, receiver-side; the module publishes them after a receiver's plan,
+``publish(records.trace_records(plan.crossed, deliveries))``) are stored with the step's traffic but neither
+delivered nor accounted.
 """
 
 from __future__ import annotations
@@ -48,8 +49,6 @@ from mutual_rl.exchange.replay import StepCache, StoredPeer
 from mutual_rl.exchange.store import write_step
 from mutual_rl.types import ScoredGroup
 
-DROP_REASONS = ("gate_closed", "compat_below_floor", "over_budget", "not_subscribed")
-"""Documented drop reasons; any non-empty string is accepted."""
 STATE_VERSION = 1
 
 

@@ -8,8 +8,10 @@ Four record kinds cross the Shared Experience Exchange (docs/methods.md §3). Ev
 * ``"reward"``    -- :class:`RewardRecord`: the scalar reward of response ``index`` of a group, plus verifier info.
 * ``"advantage"`` -- :class:`AdvantageRecord`: the source-computed GRPO advantage of response ``index``.
 * ``"trace"``     -- :class:`TraceRecord`: a source response's log-prob trace aligned onto a *receiver's*
-  tokenization (THL output, one value per receiver token). Traces are receiver-side derived records: the bus
-  stores them with the step's traffic but never delivers or accounts them (see ``bus.py``).
+  tokenization (THL output, one value per receiver token). Traces are receiver-side derived records: after a
+  receiver's plan the module publishes one per crossed response that carries an aligned trace
+  (:func:`trace_records`; PRP ``denominator: peer_aligned``), and the bus stores them with the step's traffic but
+  never delivers or accounts them (see ``bus.py``); ``StoredPeer.traces`` reads them back.
 
 Regimes consume ``ScoredGroup``s, so :func:`records_from_group` / :func:`groups_from_records` convert exactly
 (tensors included: values, dtype and shape). A group's rollouts keep their order; reward/advantage records carry
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mutual_rl.types import Rollout, ScoredGroup
+from mutual_rl.types import CrossedRollout, Rollout, ScoredGroup
 
 RECORD_KINDS = ("rollout", "reward", "advantage", "trace")
 """All record kinds, in the order a group's records are emitted."""
@@ -79,6 +81,26 @@ class TraceRecord:
 
 
 Record = Rollout | RewardRecord | AdvantageRecord | TraceRecord
+
+
+def trace_records(crossed: Iterable[CrossedRollout], groups: Iterable[ScoredGroup]) -> list[TraceRecord]:
+    """One :class:`TraceRecord` per crossed response that carries an aligned trace (``aligned``), in order.
+
+    ``groups``: the peer groups the crossed responses come from (the receiver's deliveries); each response's
+    ``index`` is its position in its source group, found by identity (the regime crosses the delivered records
+    themselves). Raises ``ValueError`` for an aligned response that is in none of ``groups``."""
+    where = {id(r): i for g in groups for i, r in enumerate(g.rollouts)}
+    out = []
+    for c in crossed:
+        if not c.aligned:
+            continue
+        src = c.source
+        if id(src) not in where:
+            raise ValueError(f"crossed response of policy {src.policy_id!r} (prompt {src.prompt_id}, group "
+                             f"{src.group_id}) for receiver {c.receiver_id!r} is in none of the given groups")
+        out.append(TraceRecord(src.policy_id, src.prompt_id, src.group_id, src.step, src.policy_version,
+                               where[id(src)], c.receiver_id, c.source_logp))
+    return out
 
 
 def record_kind(record: Record) -> str:

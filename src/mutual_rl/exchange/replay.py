@@ -6,7 +6,8 @@ This is only meaningful if both runs saw the same prompts at the same step, i.e.
 data (seed, batch size, files) as the recorded run; :meth:`StoredPeer.groups` checks that the recorded prompt ids
 equal the receiver's batch prompt ids and raises :class:`ReplayMismatchError` otherwise. Groups come back exactly
 as published (source-computed advantages included, never renormalised), as CPU tensors, in the order of the
-receiver's ``prompt_ids``.
+receiver's ``prompt_ids``. :meth:`StoredPeer.traces` reads back the THL-aligned traces of the peer's responses that
+the recorded run stored (trace records, receiver-side; see ``records.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from mutual_rl.exchange.records import groups_from_records
+from mutual_rl.exchange.records import TraceRecord, groups_from_records
 from mutual_rl.exchange.store import StoredStep, StoredTrafficError, read_step, stored_steps
 from mutual_rl.types import ScoredGroup
 
@@ -101,6 +102,14 @@ class StoredPeer:
         for g in groups:
             by_prompt.setdefault(g.prompt_id, []).append(g)
         return [by_prompt[p].pop(0) for p in prompt_ids]  # a repeated prompt takes its groups in recorded order
+
+    def traces(self, step: int, receiver_id: str | None = None) -> list[TraceRecord]:
+        """The trace records of ``step`` whose source is this peer (only those aligned onto ``receiver_id``'s
+        tokens, if given), in stored order; ``[]`` when the recorded run stored none. Raises
+        :class:`StoredTrafficError` for a missing or corrupt step file."""
+        stored, _ = self._cache.load(step)
+        return [r for r in stored.records if isinstance(r, TraceRecord) and r.policy_id == self.policy_id
+                and (receiver_id is None or r.receiver_id == receiver_id)]
 
     def __iter__(self) -> Iterator[tuple[int, list[ScoredGroup]]]:
         """``(step, groups)`` for every recorded step, in step order."""

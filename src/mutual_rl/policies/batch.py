@@ -18,10 +18,11 @@ def collate(
     needs_old_logp: Sequence[bool] | torch.Tensor | None = None,
     extras: dict[str, torch.Tensor] | None = None,
 ) -> PolicyBatch:
-    """Rows in the order given; ``old_logp`` is each row's ``logp`` trace (own rollouts: the sampler's).
+    """Rows in the order given; ``old_logp`` is each own rollout's ``logp`` (the sampler's trace) and each crossed
+    rollout's ``old_logp`` (the behaviour log-probs its regime set; zeros when ``None``).
 
     ``is_peer`` defaults to "is a :class:`CrossedRollout`"; ``needs_old_logp`` defaults to "is a crossed
-    rollout without an aligned trace" (the receiver must recompute its own old log-probs for it).
+    rollout whose ``old_logp`` is ``None``" (the receiver must recompute its own old log-probs for it).
     """
     n = len(rollouts)
     if n == 0:
@@ -38,7 +39,9 @@ def collate(
         ids[i, width_p : width_p + t] = r.response_ids
         attn[i, width_p - p : width_p + t] = 1
         mask[i, :t] = 1.0
-        old[i, :t] = r.logp.float()
+        behaviour = r.old_logp if isinstance(r, CrossedRollout) else r.logp
+        if behaviour is not None:
+            old[i, :t] = behaviour.float()
     return PolicyBatch(
         input_ids=ids,
         attention_mask=attn,
@@ -49,7 +52,7 @@ def collate(
         is_peer=torch.tensor([isinstance(r, CrossedRollout) for r in rollouts], dtype=torch.bool)
         if is_peer is None else torch.as_tensor(is_peer, dtype=torch.bool),
         prompt_ids=[r.prompt_id for r in rollouts],
-        needs_old_logp=torch.tensor([isinstance(r, CrossedRollout) and not r.aligned for r in rollouts],
+        needs_old_logp=torch.tensor([isinstance(r, CrossedRollout) and r.old_logp is None for r in rollouts],
                                     dtype=torch.bool)
         if needs_old_logp is None else torch.as_tensor(needs_old_logp, dtype=torch.bool),
         extras=dict(extras or {}),

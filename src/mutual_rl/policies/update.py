@@ -18,7 +18,7 @@ e.g. HACPO's sequence-level objective); the NLL term of mini-batch ``i`` is adde
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -63,6 +63,11 @@ class GRPOConfig:
     on_nonfinite: str = "raise"
     """A non-finite advantage, loss or gradient: raise (stop with an error naming the policy and the quantity) |
     skip (refuse that optimizer step, leave the weights and AdamW state as they were, count it in nonfinite_skipped)."""
+
+    def loss_kwargs(self) -> dict:
+        """The scalars every objective takes (``policies.objectives``): clip bounds, dual clip, aggregation, KL."""
+        return {"clip_low": self.clip_low, "clip_high": self.clip_high, "dual_clip": self.dual_clip,
+                "agg": self.agg, "kl_coef": self.kl_coef, "kl_kind": self.kl_kind}
 
     def __post_init__(self):
         from mutual_rl.algorithms import ADVANTAGE_SCALES, AGGREGATIONS, KL_ESTIMATORS
@@ -220,123 +225,162 @@ def update_policy(
     temperature = policy.spec.sampling.temperature
     params = [p for p in policy.parameters() if p.requires_grad]
     lockstep = lockstep_needed(policy.model)
-    bad_adv = not bool(torch.isfinite(batch.advantages).all())
-    if lockstep:  # every rank refuses the same updates (each forward of a sharded model is collective)
-        bad_adv = bool(agree_max([int(bad_adv)])[0])
-    if bad_adv:
-        rows = (~torch.isfinite(batch.advantages)).nonzero().squeeze(-1).tolist()
-        where = (f"in rows {rows[:8]} (prompt ids {[batch.prompt_ids[i] for i in rows[:8]]})" if rows
-                 else "on another rank")
-        if cfg.on_nonfinite == "raise":
-            raise NonFiniteUpdateError(_nonfinite_message(
-                policy, "advantage", where, _CAUSE_REWARD, "the whole update was refused before any weight changed"))
-        return {"trained_tokens": 0.0, "skipped_frac": 1.0, "nonfinite_skipped": float(cfg.ppo_epochs * len(
-            plan.mini_batches))}
+    refused = _refuse_nonfinite_advantages(policy, plan, cfg, lockstep)
+    if refused is not None:
+        return refused
     skip = zero_advantage_skip_mask(batch.advantages, cfg.kl_coef) if cfg.skip_zero_advantage \
         else torch.zeros(len(batch), dtype=torch.bool)
     need = batch.needs_old_logp | ((cfg.old_logp == "recompute") & ~batch.is_peer)
     recompute_old_logp(policy, batch, [i for i in range(len(batch)) if need[i] and not skip[i]], temperature,
                        cfg.micro_batch_size, lockstep=lockstep)
-    max_len = int(policy.spec.sampling.max_new_tokens)
-    mini_batches = _mini_batches(plan, skip, cfg.micro_batch_size, lockstep, max_len)
-    sums: dict[str, float] = {}
-    weights: dict[str, float] = {}
+    mini_batches = _mini_batches(plan, skip, cfg.micro_batch_size, lockstep, int(policy.spec.sampling.max_new_tokens))
+    total = _MiniBatchResult()
     steps_metrics = {"grad_norm": 0.0, "loss": 0.0, "nll": 0.0}
-    tokens_seen, n_steps, n_skipped, n_updates = 0.0, 0, 0, 0
-
+    n_steps, n_skipped, n_updates = 0, 0, 0
     for _ in range(cfg.ppo_epochs):
         for mbi in mini_batches:
-            mb = batch.select(mbi.rows) if mbi.rows else None
             zero_grad()
-            finite_loss = True
-            mb_sums: dict[str, float] = {}  # this mini-batch's metrics, kept only if its step is taken
-            mb_weights: dict[str, float] = {}
-            mb_loss, mb_nll, mb_tokens = 0.0, 0.0, 0.0
-
-            for k in range(mbi.num_parts):
-                # the KL reference runs first: no other forward may come between a forward and its backward
-                # (activation checkpointing recomputes that forward, and LoRA's reference is the same modules)
-                if k >= len(mbi.parts):  # lockstep dummy: same passes in the same order, zero loss
-                    if cfg.kl_coef:
-                        with torch.no_grad():
-                            policy.dummy_logp(temperature, reference=True)
-                    backward(policy.dummy_logp(temperature).sum() * 0.0)
-                    continue
-                sub = mb.select(mbi.parts[k])
-                ref = None
-                if cfg.kl_coef:
-                    with torch.no_grad():
-                        ref, _ = policy.response_logp(sub.input_ids, sub.attention_mask, mb.response_width,
-                                                      temperature, reference=True)
-                logp, entropy = policy.response_logp(
-                    sub.input_ids, sub.attention_mask, mb.response_width, temperature, with_entropy=True
-                )
-                extra_kw = {"update_index": n_updates} if takes_index else {}
-                loss, m = objective(logp, sub, cfg=cfg, token_count=mbi.token_count, num_seqs=mbi.num_seqs,
-                                    max_len=mbi.max_len, ref_logp=ref, **extra_kw, **plan.objective_kwargs)
-                loss = loss * mbi.scale
-                finite_loss &= bool(torch.isfinite(loss.detach()))
-                backward(loss)
-                n_tok = float(sub.response_mask.sum())
-                mb_tokens += n_tok
-                for key, v in m.items():
-                    if key.endswith("num_tokens") or key in ("pg_loss", "kl_loss"):
-                        continue
-                    w = float(m[key.rsplit("/", 1)[0] + "/num_tokens"]) if "/" in key else n_tok
-                    _accumulate(mb_sums, mb_weights, key, float(v), w)
-                _accumulate(mb_sums, mb_weights, "entropy", float(masked_mean(entropy, sub.response_mask)), n_tok)
-                mb_loss += float(loss.detach())
-            if mbi.nll_pass:
-                if mbi.nll_rows:
-                    extra, mean_nll = nll_loss(policy, plan.nll, mbi.nll_rows, temperature, mbi.nll_num_rows)
-                    extra = extra * mbi.scale
-                    finite_loss &= bool(torch.isfinite(extra.detach()))
-                    mb_nll += mean_nll
-                    mb_loss += float(extra.detach())
-                else:  # lockstep dummy (another rank has NLL rows in this mini-batch)
-                    extra = policy.dummy_logp(temperature).sum() * 0.0
-                backward(extra)
+            res = _forward_backward(policy, plan, mbi, objective, cfg, backward,
+                                    {"update_index": n_updates} if takes_index else {})
             for p in params:  # a skipped mini-batch still steps, with zero gradients
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             norm = clip_grad_norm_(params, policy.spec.optimizer.grad_clip or float("inf"), sharded=lockstep)
             n_updates += 1
-            bad = (not finite_loss) or not bool(torch.isfinite(norm))
-            if lockstep:  # every rank refuses the same steps (the optimizer step of a sharded model is collective)
-                bad = bool(agree_max([int(bad)])[0])
-            if bad:
-                if cfg.on_nonfinite == "raise":
-                    zero_grad()
-                    what = "loss" if not finite_loss else "gradient norm"
-                    raise NonFiniteUpdateError(_nonfinite_message(
-                        policy, what, f"in optimizer update {n_updates - 1} of this step "
-                        f"(mini-batch of {len(mbi.rows)} rows, prompt ids {sorted(set(mb.prompt_ids))[:8] if mb else []})",
-                        _CAUSE_LR, "that optimizer step was refused (the weights are those after the previous, "
-                        "finite, step)"))
+            if not _step_allowed(policy, cfg, res, norm, mbi, plan, n_updates - 1, lockstep):
                 zero_grad()
                 n_skipped += 1
                 continue
-            for key in mb_sums:
-                _accumulate(sums, weights, key, mb_sums[key] / mb_weights[key] if mb_weights[key] else 0.0,
-                            mb_weights[key])
-            tokens_seen += mb_tokens
-            steps_metrics["loss"] += mb_loss
-            steps_metrics["nll"] += mb_nll
+            total.absorb(res)
+            steps_metrics["loss"] += res.loss
+            steps_metrics["nll"] += res.nll
             steps_metrics["grad_norm"] += float(norm)
             step_optimizer()
             policy.version += 1
             n_steps += 1
     if n_steps:
         _check_finite_weights(policy, params, lockstep)
-    out = {k: sums[k] / weights[k] for k in sums if weights[k] > 0}
+    out = {k: total.sums[k] / total.weights[k] for k in total.sums if total.weights[k] > 0}
     out.update({k: v / max(n_steps, 1) for k, v in steps_metrics.items()})
     if plan.nll is None:
         out.pop("nll")
-    out["trained_tokens"] = tokens_seen
+    out["trained_tokens"] = total.tokens
     out["skipped_frac"] = float(skip.float().mean()) if len(batch) else 0.0
     if cfg.on_nonfinite == "skip":
         out["nonfinite_skipped"] = float(n_skipped)
     return out
+
+
+def _refuse_nonfinite_advantages(policy, plan: TrainingPlan, cfg: GRPOConfig, lockstep: bool) -> dict | None:
+    """A non-finite advantage on any rank refuses the whole update: raise, or (``skip``) the metrics of an update
+    that trained nothing; ``None`` when every advantage is finite."""
+    batch = plan.batch
+    bad = not bool(torch.isfinite(batch.advantages).all())
+    if lockstep:  # every rank refuses the same updates (each forward of a sharded model is collective)
+        bad = bool(agree_max([int(bad)])[0])
+    if not bad:
+        return None
+    rows = (~torch.isfinite(batch.advantages)).nonzero().squeeze(-1).tolist()
+    where = f"in rows {rows[:8]} (prompt ids {[batch.prompt_ids[i] for i in rows[:8]]})" if rows else "on another rank"
+    if cfg.on_nonfinite == "raise":
+        raise NonFiniteUpdateError(_nonfinite_message(
+            policy, "advantage", where, _CAUSE_REWARD, "the whole update was refused before any weight changed"))
+    return {"trained_tokens": 0.0, "skipped_frac": 1.0,
+            "nonfinite_skipped": float(cfg.ppo_epochs * len(plan.mini_batches))}
+
+
+@dataclass
+class _MiniBatchResult:
+    """One mini-batch's forward/backward: token-weighted metric sums, loss, NLL, tokens, and whether finite."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+    loss: float = 0.0
+    nll: float = 0.0
+    tokens: float = 0.0
+    finite: bool = True
+
+    def add(self, key: str, value: float, weight: float) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + value * weight
+        self.weights[key] = self.weights.get(key, 0.0) + weight
+
+    def absorb(self, other: _MiniBatchResult) -> None:
+        """Add a mini-batch whose optimizer step was taken (its per-token means, weighted by its tokens)."""
+        for key in other.sums:
+            w = other.weights[key]
+            self.add(key, other.sums[key] / w if w else 0.0, w)
+        self.tokens += other.tokens
+
+
+def _forward_backward(policy, plan: TrainingPlan, mbi: _MiniBatch, objective, cfg: GRPOConfig,
+                      backward: Callable[[torch.Tensor], None], extra_kw: dict) -> _MiniBatchResult:
+    """Every forward/backward of one mini-batch (its parts, lockstep dummies, then the NLL term)."""
+    temperature = policy.spec.sampling.temperature
+    mb = plan.batch.select(mbi.rows) if mbi.rows else None
+    res = _MiniBatchResult()
+    for k in range(mbi.num_parts):
+        # the KL reference runs first: no other forward may come between a forward and its backward
+        # (activation checkpointing recomputes that forward, and LoRA's reference is the same modules)
+        if k >= len(mbi.parts):  # lockstep dummy: same passes in the same order, zero loss
+            if cfg.kl_coef:
+                with torch.no_grad():
+                    policy.dummy_logp(temperature, reference=True)
+            backward(policy.dummy_logp(temperature).sum() * 0.0)
+            continue
+        sub = mb.select(mbi.parts[k])
+        ref = None
+        if cfg.kl_coef:
+            with torch.no_grad():
+                ref, _ = policy.response_logp(sub.input_ids, sub.attention_mask, mb.response_width, temperature,
+                                              reference=True)
+        logp, entropy = policy.response_logp(sub.input_ids, sub.attention_mask, mb.response_width, temperature,
+                                             with_entropy=True)
+        loss, m = objective(logp, sub, **cfg.loss_kwargs(), token_count=mbi.token_count, num_seqs=mbi.num_seqs,
+                            max_len=mbi.max_len, ref_logp=ref, **extra_kw, **plan.objective_kwargs)
+        loss = loss * mbi.scale
+        res.finite &= bool(torch.isfinite(loss.detach()))
+        backward(loss)
+        n_tok = float(sub.response_mask.sum())
+        res.tokens += n_tok
+        for key, v in m.items():
+            if key.endswith("num_tokens") or key in ("pg_loss", "kl_loss"):
+                continue
+            res.add(key, float(v), float(m[key.rsplit("/", 1)[0] + "/num_tokens"]) if "/" in key else n_tok)
+        res.add("entropy", float(masked_mean(entropy, sub.response_mask)), n_tok)
+        res.loss += float(loss.detach())
+    if mbi.nll_pass:
+        if mbi.nll_rows:
+            extra, mean_nll = nll_loss(policy, plan.nll, mbi.nll_rows, temperature, mbi.nll_num_rows)
+            extra = extra * mbi.scale
+            res.finite &= bool(torch.isfinite(extra.detach()))
+            res.nll += mean_nll
+            res.loss += float(extra.detach())
+        else:  # lockstep dummy (another rank has NLL rows in this mini-batch)
+            extra = policy.dummy_logp(temperature).sum() * 0.0
+        backward(extra)
+    return res
+
+
+def _step_allowed(policy, cfg: GRPOConfig, res: _MiniBatchResult, norm: torch.Tensor, mbi: _MiniBatch,
+                  plan: TrainingPlan, update_index: int, lockstep: bool) -> bool:
+    """Whether this mini-batch's optimizer step may be taken: its loss and gradient norm are finite on every rank.
+    Otherwise ``raise`` mode raises :class:`NonFiniteUpdateError`; ``skip`` mode returns False."""
+    local_bad = (not res.finite) or not bool(torch.isfinite(norm))
+    bad = bool(agree_max([int(local_bad)])[0]) if lockstep else local_bad  # every rank refuses the same steps
+    if not bad:
+        return True
+    if cfg.on_nonfinite == "raise":
+        if local_bad:
+            what = "loss" if not res.finite else "gradient norm"
+            prompts = sorted({plan.batch.prompt_ids[r] for r in mbi.rows})[:8]
+            where = f"in optimizer update {update_index} of this step (mini-batch of {len(mbi.rows)} rows, " \
+                    f"prompt ids {prompts})"
+        else:
+            what, where = "loss or gradient norm", f"in optimizer update {update_index} on another rank"
+        raise NonFiniteUpdateError(_nonfinite_message(
+            policy, what, where, _CAUSE_LR,
+            "that optimizer step was refused (the weights are those after the previous, finite, step)"))
+    return False
 
 
 def _accepts(fn, name: str) -> bool:
@@ -346,11 +390,6 @@ def _accepts(fn, name: str) -> bool:
 
     params = inspect.signature(fn).parameters.values()
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-
-
-def _accumulate(sums: dict[str, float], weights: dict[str, float], key: str, value: float, weight: float) -> None:
-    sums[key] = sums.get(key, 0.0) + value * weight
-    weights[key] = weights.get(key, 0.0) + weight
 
 
 def _check_finite_weights(policy, params: list[torch.Tensor], lockstep: bool) -> None:

@@ -85,37 +85,6 @@ def register_regime(name: str):
     return deco
 
 
-def get_regime(name: str, **kwargs) -> Regime:
-    """A new instance of regime ``name`` with its keyword arguments; bad names or arguments are one clear error."""
-    import inspect
-
-    _load_builtin_regimes()
-    if name not in _REGIMES:
-        raise ValueError(f"Unknown regime {name!r}; choose one of: {', '.join(sorted(_REGIMES))}.")
-    cls = _REGIMES[name]
-    params = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
-    unknown = sorted(set(kwargs) - set(params))
-    if unknown:
-        raise ValueError(f"regime {name!r} got unknown arguments {unknown}; it takes: {', '.join(params) or 'none'}.")
-    return cls(**kwargs)
-
-
-def _load_builtin_regimes() -> None:
-    import importlib
-    import pkgutil
-
-    import mutual_rl.regimes as pkg
-
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name not in ("base", "crossing"):
-            importlib.import_module(f"mutual_rl.regimes.{info.name}")
-
-
-def available_regimes() -> list[str]:
-    _load_builtin_regimes()
-    return sorted(_REGIMES)
-
-
 def split_rows(num_rows: int, num_mini_batches: int) -> list[list[int]]:
     """Contiguous, near-equal mini-batches of ``range(num_rows)`` (groups stay together when sizes divide)."""
     k = max(1, min(num_mini_batches, num_rows))

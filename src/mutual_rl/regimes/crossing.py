@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
-from mutual_rl.distributed import agree_max, lockstep_needed
 from mutual_rl.policies.batch import collate
+from mutual_rl.policies.lockstep import padded
 from mutual_rl.thl import align_traces, alignment_groups, residual_report
 from mutual_rl.thl.offsets import encode_batch_with_offsets
 from mutual_rl.types import CrossedRollout, Rollout
@@ -25,7 +25,8 @@ def cross_rollouts(
 
     prompt_ids: the receiver's prompt ids per ``prompt_id`` (from its own rollouts of this step).
     granularity: ``"word"`` / ``"span"`` to align each source trace onto the receiver tokens (docs/methods.md §2.2);
-        ``None`` leaves ``logp`` zero and ``aligned`` False (the receiver recomputes its own log-probs).
+        ``None`` leaves ``source_logp`` zero and ``aligned`` False. ``old_logp`` stays ``None`` either way: the
+        regime decides the behaviour log-probs (``None``: the receiver recomputes its own).
     """
     tok = receiver.tokenizer
     encoded = []
@@ -49,7 +50,7 @@ def cross_rollouts(
         CrossedRollout(
             source=r, receiver_id=receiver.name, prompt_ids=prompt_ids[r.prompt_id],
             response_ids=torch.tensor(ids, dtype=torch.long), offsets=tuple(offs),
-            logp=trace.float(), aligned=granularity is not None,
+            source_logp=trace.float(), aligned=granularity is not None,
         )
         for r, (ids, offs), trace in zip(rollouts, encoded, traces)
     ]
@@ -69,10 +70,10 @@ def receiver_logp(receiver, crossed: Sequence[CrossedRollout], batch_size: int =
     must call this, with or without rows."""
     temperature = receiver.spec.sampling.temperature
     size = batch_size or max(len(crossed), 1)
-    starts = list(range(0, len(crossed), size))
-    if lockstep_needed(getattr(receiver, "model", None)):
-        for _ in range(agree_max([len(starts)])[0] - len(starts)):
-            receiver.dummy_logp(temperature)
+    chunks = padded(receiver, list(range(0, len(crossed), size)))
+    for _ in range(sum(c is None for c in chunks)):  # lockstep dummies (another rank has more forwards)
+        receiver.dummy_logp(temperature)
+    starts = [c for c in chunks if c is not None]
     if not crossed:
         return []
     batch = collate(list(crossed), torch.zeros(len(crossed)), receiver.tokenizer.pad_token_id)

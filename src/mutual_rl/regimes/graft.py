@@ -244,7 +244,7 @@ class GRAFT(Regime):
             all_s.append(compatibility_score(r_mean, s_mean))
             w = compatibility_weight(r_mean, s_mean, self.delta)
             evaluated += len(cs)
-            rows = [(dataclasses.replace(c, logp=t), float(a), float(wi))
+            rows = [(dataclasses.replace(c, old_logp=t), float(a), float(wi))
                     for c, t, a, wi in zip(cs, traces, g.advantages.tolist(), w.tolist()) if wi > 0]
             if rows:
                 grafted.append((q, src, rows))

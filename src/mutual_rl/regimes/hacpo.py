@@ -14,7 +14,7 @@ HACPO is a baseline (GRAFT's comparison). As implemented, for receiver ``R``:
 - **Baseline** ``b = mean_{j∈G(q)} r_j · ratio_{src(j)}``; the plain mean if all rewards in ``G(q)`` are
   identical; ``R``'s own mean reward if ``b > 1``. ``Â_j = (r_j − b) / (std(G(q)) + 1e-6)``, ``std`` unbiased
   (``torch.std``); a pooled group of size 1 has ``std = 0`` (and ``Â = 0``, its rewards being identical).
-- **Objective** ``hacpo`` (registered here), per sequence ``j`` with ``ℓ̄`` = mean token log-prob:
+- **Objective** ``hacpo`` (``policies/objectives.py``; math in ``algorithms/hacpo.py``), per sequence ``j`` with ``ℓ̄`` = mean token log-prob:
   ``s_j = exp(clamp(ℓ̄_R − ℓ̄_src, ±10))``, ``ℓ̄_R`` under the current receiver policy (differentiable);
   ``ℓ̄_src`` = own rows: mean of ``R``'s old log-probs (``PolicyBatch.old_logp``); peer rows: mean of the
   source's own sampled trace in its own tokenization (extra ``src_mean_logp``).
@@ -42,7 +42,8 @@ Metrics: ``capability/<policy>`` (``P_k`` for ``R`` and each source), ``cap_rati
 ``P_R / P_S``), ``L_m_first`` (``L_m`` of the step's first update), ``m`` (steps planned before this one),
 ``peer_responses``; the objective reports ``L_m`` (token-weighted over the step's updates), ``seq_ratio_mean``,
 ``self/clip_frac`` and ``peer/seq_ratio_mean``, ``peer/clip_frac_low`` (``s < L_m``), ``peer/clip_frac_high``
-(``s > 1``) (token-weighted means over sequences) and ``kl`` when a reference is given.
+(``s > 1``) (token-weighted means over sequences), ``self/approx_kl`` (per-token k3 to ``π_R,old`` on own rows)
+and ``kl`` when a reference is given.
 
 Constructor arguments (the YAML ``regime_args``): ``window`` (5), ``floor`` (1e-8), ``ratio_min`` (0.1),
 ``ratio_max`` (10), ``lower_start`` (0.8), ``lower_slope`` (0.025), ``alpha`` (1), ``self_clip_low`` (3e-4),
@@ -56,10 +57,9 @@ from collections.abc import Sequence
 
 import torch
 
-from mutual_rl.algorithms import kl_penalty
-from mutual_rl.distributed import agree_max, agree_sum
+from mutual_rl.algorithms.hacpo import capability_ratio, hacpo_advantages, lower_bound
 from mutual_rl.policies.batch import collate
-from mutual_rl.policies.objectives import register_objective
+from mutual_rl.policies.lockstep import max_over_ranks, sum_over_ranks
 from mutual_rl.regimes.base import (
     Regime,
     TrainingPlan,
@@ -72,117 +72,7 @@ from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
 
 LOWER_SCHEDULES = ("update", "step")
 
-__all__ = ["HACPO", "capability_ratio", "hacpo_advantages", "hacpo_objective", "hacpo_sequence_terms",
-           "lower_bound"]
-
-
-def capability_ratio(p_receiver: float, p_source: float, floor: float = 1e-8, lo: float = 0.1,
-                     hi: float = 10.0) -> float:
-    """``clip(max(P_R, floor) / max(P_S, floor), lo, hi)``."""
-    return min(max(max(p_receiver, floor) / max(p_source, floor), lo), hi)
-
-
-def lower_bound(m: int, start: float = 0.8, slope: float = 0.025) -> float:
-    """``L_m = min(1, start + slope · m)``."""
-    return min(1.0, start + slope * m)
-
-
-def hacpo_advantages(rewards: torch.Tensor, ratio: torch.Tensor, is_own: torch.Tensor,
-                     eps: float = 1e-6) -> torch.Tensor:
-    """HACPO advantages ``[n]`` of one pooled group.
-
-    rewards ``[n]``; ratio ``[n]`` = clipped ``P_R / P_src(j)`` (1 on own rows); is_own ``[n]`` bool.
-    ``b = mean(r · ratio)`` (plain mean if all rewards are identical; own mean if ``b > 1``);
-    ``Â = (r − b) / (std(r) + eps)``, ``std`` unbiased (0 for a single response).
-    """
-    r = rewards.double()
-    if bool((r == r[0]).all()):
-        b = r.mean()
-    else:
-        b = (r * ratio.double()).mean()
-        if b > 1:
-            b = r[is_own].mean()
-    std = r.std() if r.numel() > 1 else torch.zeros((), dtype=torch.float64)
-    return ((r - b) / (std + eps)).float()
-
-
-def hacpo_sequence_terms(
-    mean_logp: torch.Tensor, src_mean_logp: torch.Tensor, advantages: torch.Tensor, is_peer: torch.Tensor,
-    cap_ratio: torch.Tensor, lower: float, alpha: float = 1.0, self_clip_low: float = 3e-4,
-    self_clip_high: float = 4e-4, log_ratio_clamp: float = 10.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sequence surrogate terms (to maximise) and ratios ``s``; all args ``[B]`` (``mean_logp`` carries grad).
-
-    Self: ``min(s Â, clip(s, 1 − self_clip_low, 1 + self_clip_high) Â)``; peer:
-    ``clip(s, lower, 1) · sg(clip(s, lower, 1))^alpha · Â / cap_ratio``; ``s = exp(clamp(ℓ̄_R − ℓ̄_src, ±c))``.
-    """
-    s = torch.exp((mean_logp - src_mean_logp).clamp(-log_ratio_clamp, log_ratio_clamp))
-    adv = advantages.to(s.dtype)
-    self_term = torch.minimum(s * adv, s.clamp(1.0 - self_clip_low, 1.0 + self_clip_high) * adv)
-    sc = s.clamp(lower, 1.0)
-    peer_term = sc * sc.detach().pow(alpha) * adv / cap_ratio.to(s.dtype)
-    return torch.where(is_peer, peer_term, self_term), s
-
-
-@register_objective("hacpo")
-def hacpo_objective(logp, sub, *, cfg, token_count, num_seqs, max_len, ref_logp=None, update_index: int = 0,
-                    lower: float | None = None, lower_start: float = 0.8, lower_slope: float = 0.025, lower_m0: int = 0,
-                    lower_per_update: int = 1, alpha: float = 1.0, self_clip_low: float = 3e-4,
-                    self_clip_high: float = 4e-4, log_ratio_clamp: float = 10.0, kl_peer_rows: bool = False):
-    """HACPO sequence-level objective on a micro-batch (see the module doc); needs extras ``src_mean_logp``,
-    ``cap_ratio``. ``num_seqs`` is the mini-batch's sequence count (micro-batch invariant).
-
-    The peer clip's lower bound is ``L_m = min(1, lower_start + lower_slope · m)`` with
-    ``m = lower_m0 + lower_per_update · update_index`` (``update_index``: the optimizer update within this
-    training step, from the update loop); ``lower`` given fixes ``L_m`` instead. The KL term covers own rows only
-    unless ``kl_peer_rows``."""
-    if lower is None:
-        lower = lower_bound(lower_m0 + lower_per_update * update_index, lower_start, lower_slope)
-    m = sub.response_mask.to(logp.dtype)
-    n_tok = m.sum(-1)
-    den = n_tok.clamp(min=1.0)
-    mean_logp = (logp * m).sum(-1) / den
-    old_mean = (sub.old_logp.to(logp.dtype) * m).sum(-1) / den
-    is_peer = sub.is_peer.to(logp.device)
-    src = torch.where(is_peer, sub.extras["src_mean_logp"].to(logp.dtype), old_mean)
-    terms, s = hacpo_sequence_terms(mean_logp, src, sub.advantages, is_peer, sub.extras["cap_ratio"], lower, alpha,
-                                    self_clip_low, self_clip_high, log_ratio_clamp)
-    has = n_tok > 0
-    n = float(num_seqs) if num_seqs is not None else float(has.sum())
-    n = max(n, 1.0)
-    pg = -(terms * has).sum() / n
-    loss = pg
-    metrics: dict[str, torch.Tensor] = {}
-    if ref_logp is not None:
-        kl_seq = (kl_penalty(logp, ref_logp, cfg.kl_kind) * m).sum(-1) / den
-        kl_rows = has if kl_peer_rows else has & ~is_peer
-        if cfg.kl_coef:
-            loss = loss + cfg.kl_coef * (kl_seq * kl_rows).sum() / n
-        w = n_tok * kl_rows
-        metrics["kl"] = ((kl_seq * w).sum() / w.sum().clamp(min=1.0)).detach()
-    with torch.no_grad():
-        sd = s.detach()
-
-        def tw(x, rows):  # token-weighted mean over the given sequences
-            w = n_tok * rows
-            return (x.to(w.dtype) * w).sum() / w.sum().clamp(min=1.0)
-
-        every = torch.ones_like(is_peer)
-        metrics["pg_loss"] = pg.detach()
-        metrics["L_m"] = torch.tensor(lower)
-        metrics["seq_ratio_mean"] = tw(sd, every)
-        for tag, rows in (("self", ~is_peer), ("peer", is_peer)):
-            if not bool((rows & has).any()):
-                continue
-            metrics[f"{tag}/num_tokens"] = (n_tok * rows).sum()
-            metrics[f"{tag}/seq_ratio_mean"] = tw(sd, rows)
-            if tag == "self":
-                clipped = (sd < 1 - self_clip_low) | (sd > 1 + self_clip_high)
-                metrics["self/clip_frac"] = tw(clipped, rows)
-            else:
-                metrics["peer/clip_frac_low"] = tw(sd < lower, rows)
-                metrics["peer/clip_frac_high"] = tw(sd > 1.0, rows)
-    return loss, metrics
+__all__ = ["HACPO"]
 
 
 @register_regime("hacpo")
@@ -242,8 +132,8 @@ class HACPO(Regime):
         in the same order, so the sum is a collective they all join), and the windows stay identical on every
         rank."""
         rewards = torch.cat([g.rewards for g in groups]) if groups else torch.zeros(0)
-        positive, total = agree_sum([float((rewards > self.success_threshold).sum()), float(rewards.numel())])
-        step = agree_max([int(groups[0].rollouts[0].step) if groups and groups[0].rollouts else -1])[0]
+        positive, total = sum_over_ranks([float((rewards > self.success_threshold).sum()), float(rewards.numel())])
+        step = max_over_ranks([int(groups[0].rollouts[0].step) if groups and groups[0].rollouts else -1])[0]
         if total == 0:
             return
         rate = positive / total

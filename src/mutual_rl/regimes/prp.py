@@ -21,7 +21,7 @@ As implemented, for receiver ``R`` and each prompt ``q`` of its batch:
      aligned onto ``R``'s tokens by the THL (``granularity``, mass-preserving). The rows carry ``ℓ̃`` as their
      ``old_logp`` (the update never recomputes peer rows that are not marked ``needs_old_logp``, whatever
      ``algorithm.old_logp`` says); ``extras["tis"]`` (``[B]`` float, 1 on peer rows) selects the rule. Objective
-     ``prp_tis`` (below), with ``is_cap``.
+     ``prp_tis`` (``policies/objectives.py``; math in ``algorithms/importance.py``), with ``is_cap``.
 
 Truncated importance sampling *(ours; the paper says "truncated importance weights" without an equation)*,
 objective ``prp_tis``, per peer token with ``ρ_t = exp(clamp(logp_t − ℓ̃_t, ±20))``, ``C = is_cap``::
@@ -46,7 +46,8 @@ Metrics of the plan: ``prp/peer_rows`` (peer rows in the batch), ``prp/peer_frac
 ``prp/pool_size`` (mean pooled group size), ``prp/peer_adv_mean`` (mean pooled advantage of the peer rows).
 ``prp_tis`` reports per token ``self/clip_frac_low|high``, ``self/ratio_mean`` (own tokens) and
 ``peer/ratio_mean`` (mean ρ), ``peer/is_abs_dev`` (mean ``|ρ − 1|``), ``peer/is_trunc_frac`` (fraction with
-``ρ > C``) for peer tokens, and ``approx_kl`` (k3 to the behaviour, all tokens).
+``ρ > C``) for peer tokens, ``approx_kl`` (k3 to the behaviour, all tokens: peer tokens against ``ℓ̃``) and its
+parts ``self/approx_kl`` (own tokens, against ``π_R,old``: comparable across regimes) and ``peer/approx_kl``.
 
 Constructor arguments (``regime_args``): ``denominator`` (``learner_snapshot`` default | ``peer_aligned``),
 ``is_cap`` (C, default 2.0), ``granularity`` (THL alignment for ``peer_aligned``: ``word`` default |
@@ -55,11 +56,11 @@ Constructor arguments (``regime_args``): ``denominator`` (``learner_snapshot`` d
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from mutual_rl.algorithms import aggregate, kl_penalty, masked_mean
 from mutual_rl.policies.batch import collate
-from mutual_rl.policies.objectives import dapo_terms, register_objective
 from mutual_rl.regimes.base import (
     Regime,
     TrainingPlan,
@@ -74,7 +75,6 @@ from mutual_rl.thl import GRANULARITIES
 from mutual_rl.types import CrossedRollout
 
 DENOMINATORS = ("learner_snapshot", "peer_aligned")
-_LOG_RATIO_CLAMP = 20.0
 
 
 @register_regime("prp")
@@ -116,6 +116,8 @@ class PRP(Regime):
         peer_rollouts = [r for g in own for _, pg in pairing.by_own[group_key(g)] for r in pg.rollouts]
         all_crossed = cross_rollouts(receiver, peer_rollouts, prompt_ids,
                                      granularity=self.granularity if aligned else None)
+        if aligned:  # the rule: the aligned trace is the peer rows' behaviour log-prob (never recomputed)
+            all_crossed = [dataclasses.replace(c, old_logp=c.source_logp) for c in all_crossed]
         crossed = iter(all_crossed)
         rows, advs, sizes, peer_adv = [], [], [], []
         for g in own:
@@ -142,68 +144,3 @@ class PRP(Regime):
         }
         return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics, flows=pairing.flows(),
                             objective=objective, objective_kwargs=kwargs, crossed=all_crossed)
-
-
-def truncated_is_terms(logp, behaviour_logp, advantages, mask, is_cap, agg, weights, max_len, token_count,
-                       num_seqs, ref_logp=None, kl_coef=0.0, kl_kind="k3"):
-    """Truncated-IS policy-gradient loss of peer rows (see module doc) and its per-token metrics.
-
-    logp, behaviour_logp, mask: ``[b, T]``; advantages, weights: ``[b]``; returns ``(loss, metrics)``.
-    """
-    m = mask.to(logp.dtype)
-    adv = advantages.to(logp.dtype).unsqueeze(-1)
-    rho = torch.exp((logp.detach() - behaviour_logp).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))  # [b, T]
-    w_is = rho.clamp(max=is_cap)
-    loss_mat = -w_is * adv * torch.exp(logp - logp.detach())
-    if kl_coef:
-        loss_mat = loss_mat + kl_coef * kl_penalty(logp, ref_logp, kl_kind)
-    loss_mat = loss_mat * weights.to(logp.dtype).unsqueeze(-1)
-    loss = aggregate(loss_mat, m, agg, max_len=max_len, token_count=token_count, num_seqs=num_seqs)
-    metrics = {
-        "peer/ratio_mean": masked_mean(rho, m),
-        "peer/is_abs_dev": masked_mean((rho - 1).abs(), m),
-        "peer/is_trunc_frac": masked_mean((rho > is_cap).to(logp.dtype), m),
-        "peer/num_tokens": m.sum(),
-    }
-    return loss, metrics
-
-
-@register_objective("prp_tis")
-def prp_tis(logp, sub, *, cfg, token_count, num_seqs, max_len, ref_logp=None, update_index: int = 0, is_cap=2.0):
-    """PRP ``peer_aligned``: DAPO on own rows + truncated IS against the aligned peer trace on peer rows.
-
-    Rows with ``sub.extras["tis"] > 0`` use their ``old_logp`` (the aligned peer trace) as behaviour log-probs;
-    the two parts share the global normalisers, so the sum is micro-batch invariant.
-    """
-    mask = sub.response_mask
-    if token_count is None:
-        token_count = mask.sum()
-    if num_seqs is None:
-        num_seqs = int((mask.sum(-1) > 0).sum())
-    tis = sub.extras["tis"] > 0
-    loss = logp.sum() * 0.0
-    metrics: dict[str, torch.Tensor] = {}
-    own_rows, peer_rows = (~tis).nonzero().squeeze(-1), tis.nonzero().squeeze(-1)
-    kl_on = bool(cfg.kl_coef)
-    if len(own_rows):
-        part = sub.select(own_rows)
-        own_loss, m = dapo_terms(logp[own_rows], part, cfg, token_count, num_seqs, max_len,
-                                 ref_logp[own_rows] if ref_logp is not None else None)
-        loss = loss + own_loss
-        for k in ("clip_frac_low", "clip_frac_high", "ratio_mean", "num_tokens"):
-            metrics[f"self/{k}"] = m[k]
-    if len(peer_rows):
-        part = sub.select(peer_rows)
-        peer_loss, m = truncated_is_terms(
-            logp[peer_rows], part.old_logp, part.advantages, part.response_mask, is_cap, cfg.agg,
-            part.weights, max_len, token_count, num_seqs,
-            ref_logp[peer_rows] if kl_on else None, cfg.kl_coef, cfg.kl_kind,
-        )
-        loss = loss + peer_loss
-        metrics.update(m)
-    with torch.no_grad():
-        metrics["approx_kl"] = masked_mean(kl_penalty(sub.old_logp, logp.detach(), "k3"), mask)
-        if ref_logp is not None:
-            metrics["kl"] = masked_mean(kl_penalty(logp.detach(), ref_logp, cfg.kl_kind), mask)
-        metrics["num_tokens"] = mask.sum()
-    return loss, metrics

@@ -14,7 +14,7 @@ drawn from.
 
 Under FSDP with several processes (each rank generating for its own prompts) every rank runs the same number of
 ``generate`` calls -- missing ones as one-prompt dummies whose output is discarded -- with ``synced_gpus=True``,
-so ranks whose sequences finish early keep taking part in the others' forwards (see ``mutual_rl.distributed``).
+so ranks whose sequences finish early keep taking part in the others' forwards (``mutual_rl.policies.lockstep``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 from transformers import GenerationConfig
 
 from mutual_rl.data.task import Problem
-from mutual_rl.distributed import agree_max, lockstep_needed
+from mutual_rl.policies.lockstep import in_lockstep, padded
 from mutual_rl.policies.spec import SamplingSpec
 from mutual_rl.strategies import generation_params
 from mutual_rl.thl.offsets import offsets_by_decoding
@@ -56,10 +56,9 @@ class HFRolloutEngine:
         out: list[list[Rollout]] = [[] for _ in problems]
         was_training = policy.model.training
         policy.model.eval()
-        synced = lockstep_needed(policy.model)
-        starts: list[int | None] = list(range(0, len(flat), self.chunk_size))
-        if synced:  # as many generate calls as the busiest rank, agreed before the first (each is collective)
-            starts += [None] * (agree_max([len(starts)])[0] - len(starts))
+        synced = in_lockstep(policy)
+        # as many generate calls as the busiest rank, agreed before the first (each is collective)
+        starts: list[int | None] = padded(policy, list(range(0, len(flat), self.chunk_size)))
         try:
             for start in starts:
                 if start is None:  # lockstep dummy, output discarded

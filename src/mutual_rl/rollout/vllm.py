@@ -37,6 +37,7 @@ What is implemented:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -52,7 +53,13 @@ from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Rollout
 
 INSTALL_HINT = 'pip install "mutual-rl[vllm]"'
-PROBE_RESPONSES = (" 12", " 7 + 5 = 12", " -3")
+#: (prompt text, response text) pairs of the weight-sync probe: short fixed text, no task's format or content
+#: (the prompt goes through the policy's ``encode_prompt``, so its chat template and BOS apply)
+PROBE_TEXTS = (
+    ("The quick brown fox", " jumps over the lazy dog."),
+    ("Hello, world", "! How are you today?"),
+    ("Name three colours:", " red, green and blue."),
+)
 
 
 class WeightSyncError(RuntimeError):
@@ -186,10 +193,12 @@ def hf_weights(policy) -> list[tuple[str, torch.Tensor]]:
 
 
 def probe_pairs(policy) -> list[tuple[list[int], list[int]]]:
-    """Fixed (prompt ids, response ids) pairs in the policy's own format for the sync probe."""
+    """Fixed (prompt ids, response ids) pairs of :data:`PROBE_TEXTS` for the sync probe, independent of the task:
+    the prompt text is encoded as a prompt of the policy (``encode_prompt``: chat template, BOS), the response
+    without special tokens."""
     pairs = []
-    for k, response in enumerate(PROBE_RESPONSES):
-        prompt = policy.encode_prompt(policy.render_prompt(f"{3 + k} + {9 - k}"))
+    for prompt_text, response in PROBE_TEXTS:
+        prompt = policy.encode_prompt(prompt_text)
         resp = policy.tokenizer(response, add_special_tokens=False)["input_ids"]
         pairs.append((list(prompt), list(resp)))
     return pairs
@@ -292,7 +301,7 @@ class VLLMRolloutEngine:
             weights = dict(hf_weights(policy))
             base.save_pretrained(tmp.name, state_dict=weights)
             policy.tokenizer.save_pretrained(tmp.name)
-            ctx = torch.cuda.device(device) if device is not None else _null()
+            ctx = torch.cuda.device(device) if device is not None else contextlib.nullcontext()
             with ctx:
                 llm = vllm.LLM(model=tmp.name, logprobs_mode="processed_logprobs", generation_config="vllm",
                                **{k: v for k, v in args.items() if v is not None}, **self.llm_kwargs)
@@ -369,11 +378,3 @@ class VLLMRolloutEngine:
         if dtype == "auto":
             dtype = str(next(policy.model.parameters()).dtype)
         return 1e-3 if "32" in dtype else 5e-2
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

@@ -1,0 +1,232 @@
+"""Figures of the regime comparison (``scripts/compare_regimes.py``): readable, comparable across figures.
+
+Every figure gives each regime one fixed colour (:data:`COLORS`), draws the mean over seeds as a line and
+mean ± 1 std over seeds as a band, labels its axes with units and has a legend; counts that span decades and
+KL values use a log scale. ``data`` maps ``(regime label, seed)`` to ``{tag: [(step, value), ...]}`` (TensorBoard
+scalars of a run, or ``curves.json``); ``summary`` is ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+
+def mean_std(xs: list[float]) -> tuple[float, float]:
+    """Mean and unbiased std of the non-NaN values (std 0 for one value; both NaN for none)."""
+    xs = [x for x in xs if not math.isnan(x)]
+    if not xs:
+        return float("nan"), float("nan")
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return m, sd
+
+
+#: one fixed colour (and line style) per regime label, the same in every figure
+COLORS = {
+    "grpo": "#404040", "xgrpo": "#1f77b4", "prp_snapshot": "#ff7f0e", "prp_aligned": "#8c564b",
+    "sgt": "#2ca02c", "graft": "#9467bd", "hacpo": "#d62728",
+}
+STYLES = {"grpo": "--"}
+SMOOTH = 20  # steps of the moving average of per-step training metrics (entropy, KL)
+#: per-policy scalar tags the plots read (and ``curves.json`` keeps); KL: own rows when logged (see plots)
+CURVE_TAGS = ("val/pass@1", "entropy", "self/approx_kl", "approx_kl")
+
+
+def _color(label: str) -> str:
+    return COLORS.get(label, "#17becf")
+
+
+def _seed_curves(data, label, seeds, tag, smooth: int = 0, cumulative: bool = False):
+    """``(steps, mean, std, n_seeds)`` of ``tag`` over the seeds of ``label`` at each step (numpy arrays).
+
+    Each seed's series is first smoothed (trailing ``smooth``-step moving average, NaN steps skipped) or
+    accumulated (``cumulative``); std is over seeds (0 where one seed has the step)."""
+    import numpy as np
+
+    per_seed = []
+    for s in seeds:
+        series = sorted(data.get((label, s), {}).get(tag, []))
+        if not series:
+            continue
+        steps = np.array([st for st, _ in series], dtype=float)
+        ys = np.array([v for _, v in series], dtype=float)
+        if cumulative:
+            ys = np.cumsum(np.nan_to_num(ys))
+        elif smooth > 1:
+            ok = ~np.isnan(ys)
+            csum, cnt = np.cumsum(np.where(ok, ys, 0.0)), np.cumsum(ok)
+            lo = np.maximum(np.arange(len(ys)) - smooth, -1)
+            tot = csum - np.where(lo >= 0, csum[np.maximum(lo, 0)], 0.0)
+            num = cnt - np.where(lo >= 0, cnt[np.maximum(lo, 0)], 0)
+            ys = np.where(num > 0, tot / np.maximum(num, 1), np.nan)
+        per_seed.append(dict(zip(steps.tolist(), ys.tolist())))
+    if not per_seed:
+        return None
+    steps = sorted(set().union(*per_seed))
+    table = np.array([[d.get(st, np.nan) for st in steps] for d in per_seed])  # [seeds, steps]
+    n = (~np.isnan(table)).sum(0)
+    with warnings.catch_warnings():  # a step no seed has (all NaN), or one seed only: no spread
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(table, 0)
+        std = np.nanstd(table, 0, ddof=1) if len(per_seed) > 1 else np.zeros(len(steps))
+    keep = n > 0
+    return np.array(steps)[keep], mean[keep], np.nan_to_num(np.where(n > 1, std, 0.0))[keep], n[keep]
+
+
+def _band(ax, curve, label, *, log: bool = False, marker: str | None = None, linewidth: float = 1.6):
+    """The seed mean as a line and mean ± std as a shaded band (clipped at the lower edge on a log axis)."""
+    import numpy as np
+
+    steps, mean, std, _ = curve
+    lo, hi = mean - std, mean + std
+    if log:
+        keep = mean > 0
+        steps, mean, lo, hi = steps[keep], mean[keep], lo[keep], hi[keep]
+        if not len(steps):
+            return
+        lo = np.maximum(lo, mean.min() / 10)
+    color = _color(label)
+    ax.plot(steps, mean, color=color, linestyle=STYLES.get(label, "-"), marker=marker, markersize=4,
+            linewidth=linewidth, label=label)
+    ax.fill_between(steps, lo, hi, color=color, alpha=0.18, linewidth=0)
+
+
+def _legend(fig, labels, ncol=None):
+    import matplotlib.lines as mlines
+
+    handles = [mlines.Line2D([], [], color=_color(lab), linestyle=STYLES.get(lab, "-"), linewidth=2, label=lab)
+               for lab in labels]
+    fig.legend(handles=handles, loc="lower center", ncol=ncol or len(labels), frameon=False, fontsize=9,
+               title="regime (line: mean over seeds; band: ± 1 std over seeds)", title_fontsize=9)
+
+
+def _kl_tag(data, label, seeds, p) -> str:
+    """``self/approx_kl`` (own rows: comparable across regimes) when the runs logged it, else ``approx_kl``."""
+    has = any(data.get((label, s), {}).get(f"{p}/self/approx_kl") for s in seeds)
+    return f"{p}/self/approx_kl" if has else f"{p}/approx_kl"
+
+
+def _seed_note(seeds) -> str:
+    return f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''}"
+
+
+def plots(args, root: Path, data, policies) -> None:
+    """``pass_at_1.png``, ``entropy_kl.png`` and ``transfers.png`` from per-step scalars (runs or curves.json)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    regimes, seeds = list(args.regimes), list(args.seeds)
+    note = _seed_note(seeds)
+
+    fig, axes = plt.subplots(1, len(policies), figsize=(6.5 * len(policies), 4.6), squeeze=False)
+    for ax, p in zip(axes[0], policies):
+        for label in regimes:
+            c = _seed_curves(data, label, seeds, f"{p}/val/pass@1")
+            if c is not None:
+                _band(ax, (c[0], 100 * c[1], 100 * c[2], c[3]), label, marker="o")
+        ax.set(title=f"{p}: held-out pass@1 ({note})", xlabel="training step",
+               ylabel="held-out pass@1 (%)")
+        ax.grid(alpha=0.3)
+    _legend(fig, regimes, ncol=min(len(regimes), 7))
+    fig.tight_layout(rect=(0, 0.11, 1, 1))
+    fig.savefig(root / "pass_at_1.png", dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(2, len(policies), figsize=(6.5 * len(policies), 8), squeeze=False)
+    for j, p in enumerate(policies):
+        kl_own = True
+        for label in regimes:
+            c = _seed_curves(data, label, seeds, f"{p}/entropy", smooth=SMOOTH)
+            if c is not None:
+                _band(axes[0][j], c, label)
+            tag = _kl_tag(data, label, seeds, p)
+            kl_own &= tag.endswith("self/approx_kl")
+            c = _seed_curves(data, label, seeds, tag, smooth=SMOOTH)
+            if c is not None:
+                _band(axes[1][j], c, label, log=True)
+        axes[0][j].set(title=f"{p}: token entropy ({SMOOTH}-step moving average, {note})", xlabel="training step",
+                       ylabel="entropy (nats / token)")
+        kl_what = "own rows" if kl_own else "all rows; PRP peer_aligned: peer rows vs the peer trace"
+        axes[1][j].set(title=f"{p}: approx. KL to the behaviour policy ({kl_what})", xlabel="training step",
+                       ylabel="approx. KL, k3 (nats / token, log scale)", yscale="log")
+        for ax in axes[:, j]:
+            ax.grid(alpha=0.3, which="both")
+    _legend(fig, regimes, ncol=min(len(regimes), 7))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(root / "entropy_kl.png", dpi=110)
+    plt.close(fig)
+
+    flows = sorted({t.split("/")[1] for s in data.values() for t in s
+                    if t.startswith("exchange/") and t.endswith("/consumed") and "->" in t})
+    sharing = [lab for lab in regimes if any(data.get((lab, s), {}).get(f"exchange/{f}/consumed")
+                                             for s in seeds for f in flows)]
+    fig, axes = plt.subplots(1, max(1, len(flows)), figsize=(6.5 * max(1, len(flows)), 4.6), squeeze=False)
+    for ax, flow in zip(axes[0], flows):
+        for k, label in enumerate(sharing):  # earlier regimes drawn wider: equal counts show as nested stripes
+            c = _seed_curves(data, label, seeds, f"exchange/{flow}/consumed", cumulative=True)
+            if c is not None:
+                _band(ax, c, label, log=True, linewidth=1.4 + 1.1 * (len(sharing) - 1 - k))
+        ax.set(title=f"{flow}: peer responses consumed, cumulative ({note}; log scale)", xlabel="training step",
+               ylabel="peer responses consumed (count)", yscale="log")
+        if not ax.lines:
+            ax.text(0.5, 0.5, "no peer response consumed", ha="center", va="center", transform=ax.transAxes)
+        ax.grid(alpha=0.3, which="both")
+    if not flows:
+        axes[0][0].set_axis_off()
+        axes[0][0].text(0.5, 0.5, "no exchange flows logged", ha="center", va="center")
+    _legend(fig, sharing or regimes, ncol=min(len(sharing or regimes), 7))
+    fig.tight_layout(rect=(0, 0.11, 1, 1))
+    fig.savefig(root / "transfers.png", dpi=110)
+    plt.close(fig)
+
+
+def final_plot(args, root: Path, summary: dict) -> None:
+    """``pass_at_1_final.png`` from ``summary.json``: per policy and metric (overall, per skill) each regime's
+    end-of-run pass@1 (mean of the last evaluations) per seed (dots) and mean ± std over seeds (marker and bar);
+    the dashed segment is the step-0 value (before RL)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    regimes = [lab for lab in args.regimes if lab in summary] + [lab for lab in summary if lab not in args.regimes]
+    policies = sorted({p for lab in regimes for p in summary[lab]})
+    metrics = sorted({m for lab in regimes for p in summary[lab] for m in summary[lab][p]},
+                     key=lambda m: (m != "pass@1", m))
+    n_seeds = max((len(v["values"]) for lab in regimes for p in summary[lab] for v in summary[lab][p].values()),
+                  default=0)
+    fig, axes = plt.subplots(1, len(policies), figsize=(6.5 * len(policies), 4.8), squeeze=False)
+    width = 0.8 / max(len(regimes), 1)
+    for ax, p in zip(axes[0], policies):
+        for i, m in enumerate(metrics):
+            starts = [summary[lab][p][m]["start"] for lab in regimes if m in summary[lab].get(p, {})]
+            start = next((x for x in starts if x == x), None)
+            if start is not None:
+                ax.hlines(100 * start, i - 0.45, i + 0.45, colors="#808080", linestyles=":", linewidth=1.5,
+                          label="step 0 (before RL)" if i == 0 else None)
+            for j, lab in enumerate(regimes):
+                cell = summary[lab].get(p, {}).get(m)
+                if not cell:
+                    continue
+                xs = i - 0.4 + width * (j + 0.5)
+                vals = [100 * v for v in cell["values"] if v == v]
+                mu, sd = mean_std(vals)
+                ax.scatter([xs] * len(vals), vals, s=10, color=_color(lab), alpha=0.45, linewidths=0)
+                ax.errorbar([xs], [mu], yerr=[sd], fmt="o", color=_color(lab), markersize=5, capsize=3,
+                            label=lab if i == 0 else None)
+        ax.set_xticks(range(len(metrics)), [m.replace("pass@1/", "skill: ") if m != "pass@1" else "overall"
+                                            for m in metrics])
+        ax.set_xlim(-0.5, len(metrics) - 0.5)
+        ax.set(title=f"{p}: held-out pass@1 at the end ({n_seeds} seeds)", xlabel="held-out split",
+               ylabel=f"held-out pass@1 (%; mean of the last {args.last_k} evaluations)")
+        ax.grid(alpha=0.3, axis="y")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 8), frameon=False, fontsize=9,
+               title="regime (marker and bar: mean ± 1 std over seeds; dots: seeds)", title_fontsize=9)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(root / "pass_at_1_final.png", dpi=110)
+    plt.close(fig)
