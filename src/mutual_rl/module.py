@@ -38,6 +38,7 @@ from mutual_rl.regimes.crossing import thl_residual
 from mutual_rl.rewards import RewardError, get_reward
 from mutual_rl.rollout import get_engine
 from mutual_rl.strategies import full_params, has_activation_checkpointing
+from mutual_rl.threads import configure_threads
 from mutual_rl.types import PromptBatch, ScoredGroup
 from mutual_rl.warnings_filters import ignore_inapplicable_warnings
 
@@ -61,6 +62,7 @@ class MutualRLModule(LightningModule):
         reward_errors: str = "raise",
         prompt_overflow: str = "error",
         thl_residual_every_n_steps: int = 10,
+        num_threads: int | None = None,
     ):
         """
         Args:
@@ -98,6 +100,9 @@ class MutualRLModule(LightningModule):
                 trace is from the receiver's own log-probs, per direction: thl/<source>-><receiver>/residual_mean,
                 residual_p90, residual_max (nats per token) and group_count_mismatch. Costs one no-grad receiver
                 forward over the crossed responses; 0 = never.
+            num_threads: CPU threads torch uses in this process (set when fit or validate starts). Default: torch's
+                own count, capped at the cores this process may use divided by the processes of the run on this
+                node. Running several jobs side by side on one machine, give each cores / jobs.
         """
         super().__init__()
         if not policies:
@@ -137,6 +142,9 @@ class MutualRLModule(LightningModule):
         if thl_residual_every_n_steps < 0:
             raise ValueError(f"model.thl_residual_every_n_steps must be >= 0 (0 = never), got {thl_residual_every_n_steps}.")
         self.thl_residual_every_n_steps = int(thl_residual_every_n_steps)
+        if num_threads is not None and num_threads < 1:
+            raise ValueError(f"model.num_threads must be >= 1 (got {num_threads}), or null for the default.")
+        self.num_threads = num_threads
         self.prompts_truncated: dict[str, int] = {}  # policy -> prompts cut to fit its context (prompt_overflow)
 
     # ------------------------------------------------------------------------------------------ set-up
@@ -489,8 +497,9 @@ class MutualRLModule(LightningModule):
         peer -- a second policy in ``model.policies`` or one replayed by the ``ExperienceExchange`` callback
         (stored-peer mode); else it is an error naming the regime. A fit that trains nothing (``max_steps=0``, e.g.
         to build the policies) is not checked. Also silences the Lightning warnings that do not apply here
-        (:mod:`mutual_rl.warnings_filters`)."""
+        (:mod:`mutual_rl.warnings_filters`) and sets torch's thread count (:mod:`mutual_rl.threads`)."""
         ignore_inapplicable_warnings()
+        configure_threads(self.num_threads)
         if stage != "fit" or len(self.specs) > 1 or self.trainer.max_steps == 0:
             return
         callbacks = getattr(self._trainer, "callbacks", []) if self._trainer is not None else []

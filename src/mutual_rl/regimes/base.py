@@ -53,8 +53,9 @@ class TrainingPlan:
 class Regime:
     """Base class: ``plan`` builds a receiver's training plan for one step.
 
-    ``subscribes`` names the record kinds the regime reads from peers (``rollout``, ``reward``, ``advantage``,
-    ``trace``); ``()`` means it reads nothing. A regime may keep state across steps (e.g. HACPO's capability
+    ``subscribes`` names the record kinds the regime reads from peers (``rollout``, ``reward``, ``advantage``;
+    ``trace`` records are made on the receiver side by the THL, never subscribed to); ``()`` means it reads
+    nothing. A regime may keep state across steps (e.g. HACPO's capability
     window): it then implements ``state_dict`` / ``load_state_dict`` so a resumed run continues exactly.
     """
 
