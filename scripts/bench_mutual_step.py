@@ -40,6 +40,7 @@ from mutual_rl.module import MutualRLModule
 from mutual_rl.policies.policy import build_policy
 from mutual_rl.policies.spec import OptimizerSpec, PolicySpec, SamplingSpec, WarmStart
 from mutual_rl.policies.update import GRPOConfig, update_policy
+from mutual_rl.regimes import get_regime
 from mutual_rl.rewards import get_reward
 from mutual_rl.types import PromptBatch
 
@@ -78,8 +79,8 @@ class Side:
     """A MutualRLModule (no Trainer) over its own copies of ``policies``, with one AdamW per policy."""
 
     def __init__(self, policies, regime: str, algo: GRPOConfig):
-        self.module = MutualRLModule([p.spec for p in policies], algorithm=algo, regime=regime,
-                                     regime_args=regime_args(regime), log_samples_every_n_steps=0)
+        self.module = MutualRLModule([p.spec for p in policies], algorithm=algo,
+                                     regime=get_regime(regime, **regime_args(regime)), log_samples_every_n_steps=0)
         for p in policies:
             self.module.policies[p.name] = copy.deepcopy(p)
         self.module.reward_fn = get_reward("integer_match")

@@ -56,15 +56,15 @@ figures = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(figures)
 mean_std, plots, final_plot, CURVE_TAGS = figures.mean_std, figures.plots, figures.final_plot, figures.CURVE_TAGS
 
-#: regime label -> (model.regime, model.regime_args, model.algorithm overrides)
+#: regime label -> (model.regime class, its init_args, model.algorithm overrides)
 REGIMES: dict[str, tuple[str, dict, dict]] = {
-    "grpo": ("none", {}, {}),
-    "xgrpo": ("xgrpo", {}, {}),
-    "prp_snapshot": ("prp", {"denominator": "learner_snapshot"}, {}),
-    "prp_aligned": ("prp", {"denominator": "peer_aligned"}, {}),
-    "sgt": ("sgt", {"coef": 0.3}, {}),
-    "graft": ("graft", {"delta": 0.8}, {}),
-    "hacpo": ("hacpo", {}, {"kl_coef": 1.0e-3, "kl_kind": "k3"}),
+    "grpo": ("NoSharing", {}, {}),
+    "xgrpo": ("XGRPO", {}, {}),
+    "prp_snapshot": ("PRP", {"denominator": "learner_snapshot"}, {}),
+    "prp_aligned": ("PRP", {"denominator": "peer_aligned"}, {}),
+    "sgt": ("SGT", {"coef": 0.3}, {}),
+    "graft": ("GRAFT", {"delta": 0.8}, {}),
+    "hacpo": ("HACPO", {}, {"kl_coef": 1.0e-3, "kl_kind": "k3"}),
 }
 
 
@@ -85,7 +85,8 @@ def run_config(label: str, seed: int, args, run_dir: Path) -> dict:
         ],
     )
     model = cfg["model"]
-    model.update(regime=regime, regime_args=regime_args or None, export_dir=str(run_dir / "export"),
+    model.update(regime={"class_path": regime, **({"init_args": regime_args} if regime_args else {})},
+                 export_dir=str(run_dir / "export"),
                  log_samples_every_n_steps=0)
     model["algorithm"] = {**model.get("algorithm", {}), **algo}
     model["evaluation"] = {**model.get("evaluation", {}), "k": args.k}

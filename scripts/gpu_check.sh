@@ -69,9 +69,8 @@ $PY - "$WORK" "$ENGINE" <<'PYEOF'
 import sys, yaml
 work, engine = sys.argv[1], sys.argv[2]
 cfg = yaml.safe_load(open("configs/gpu/grpo_tiny_vllm.yaml"))
-cfg["model"]["rollout_engine"] = engine
 if engine != "vllm":
-    cfg["model"].pop("rollout_engine_args")
+    cfg["model"]["rollout_engine"] = "hf"
 for p in cfg["model"]["policies"]:
     p["warmstart"] = {"steps": 100}
 cfg["trainer"].update(max_steps=2, logger=False, enable_progress_bar=False, limit_val_batches=0,

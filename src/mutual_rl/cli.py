@@ -43,6 +43,11 @@ _UNSUPPORTED = ("--optimizer", "--lr_scheduler")
 class MutualRLCLI(LightningCLI):
     """LightningCLI for :class:`MutualRLModule` and :class:`PromptDataModule` (module docstring)."""
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Only ``fit`` and ``validate``: the module has no test or predict step."""
+        return {k: v for k, v in LightningCLI.subcommands().items() if k in ("fit", "validate")}
+
     def __init__(self, *args, **kwargs):
         kwargs["auto_configure_optimizers"] = False  # per-policy optimizers: configure_optimizers is the module's
         super().__init__(*args, **kwargs)

@@ -9,10 +9,12 @@ touching Lightning's step counter, which the module advances once per training s
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 import time
 from pathlib import Path
+from typing import Literal
 
 import torch
 from lightning.pytorch import LightningModule
@@ -33,10 +35,10 @@ from mutual_rl.policies.policy import build_policy
 from mutual_rl.policies.scoring import score_groups
 from mutual_rl.policies.spec import PolicySpec
 from mutual_rl.policies.update import STEP_METRICS, GRPOConfig, update_policy
-from mutual_rl.regimes import get_regime
+from mutual_rl.regimes import Regime, as_regime, regime_name
 from mutual_rl.regimes.crossing import thl_residual
 from mutual_rl.rewards import RewardError, get_reward
-from mutual_rl.rollout import get_engine
+from mutual_rl.rollout import RolloutEngine, get_engine
 from mutual_rl.strategies import full_params, has_activation_checkpointing
 from mutual_rl.threads import configure_threads
 from mutual_rl.types import PromptBatch, ScoredGroup
@@ -48,19 +50,17 @@ class MutualRLModule(LightningModule):
         self,
         policies: list[PolicySpec],
         algorithm: GRPOConfig = GRPOConfig(),  # noqa: B008 (read-only default; shows in --help)
-        regime: str = "none",
-        regime_args: dict | None = None,
+        regime: Regime | str = "none",
         reward: str | None = None,
         evaluation: EvalConfig = EvalConfig(),  # noqa: B008
-        rollout_engine: str = "hf",
-        rollout_engine_args: dict | None = None,
+        rollout_engine: RolloutEngine | str = "hf",
         log_samples_every_n_steps: int = 50,
         eval_at_start: bool = True,
         export_dir: str | None = None,
         cache_dir: str | None = None,
         reward_timeout_s: float = 5.0,
-        reward_errors: str = "raise",
-        prompt_overflow: str = "error",
+        reward_errors: Literal["raise", "skip"] = "raise",
+        prompt_overflow: Literal["error", "truncate"] = "error",
         thl_residual_every_n_steps: int = 10,
         num_threads: int | None = None,
     ):
@@ -69,31 +69,33 @@ class MutualRLModule(LightningModule):
             policies: the N >= 1 policies trained together (each with its own model, tokenizer, prompt
                 format, optimizer and sampling settings).
             algorithm: GRPO/DAPO settings shared by all policies.
-            regime: sharing regime of every receiver unless a policy sets its own: ``none`` (plain GRPO per
-                policy), ``xgrpo``, ``prp``, ``sgt``, ``graft``, ``hacpo``.
-            regime_args: the regime's constructor arguments (e.g. ``{coef: 0.3}`` for sgt); see README.
-            reward: registered reward name (default: the built-in task's, ``integer_match``).
-            evaluation: held-out evaluation settings (validation loop and ``mutual-rl validate``).
-            rollout_engine: ``hf`` (Hugging Face ``generate``, CPU/GPU) or ``vllm`` (GPU; ``pip install
-                mutual-rl[vllm]``).
-            rollout_engine_args: keyword arguments of the engine.
+            regime: sharing regime of every receiver unless a policy sets its own, as class_path (NoSharing,
+                XGRPO, PRP, SGT, GRAFT, HACPO, or a full import path) with init_args, e.g. {class_path: SGT,
+                init_args: {coef: 0.3}}; or a registered name with default arguments (none, xgrpo, prp, sgt,
+                graft, hacpo). Each receiver gets its own copy. See --model.regime.help SGT for one regime's
+                arguments.
+            reward: registered reward name (default: the built-in task's, integer_match).
+            evaluation: held-out evaluation settings (validation loop and mutual-rl validate).
+            rollout_engine: how rollouts are sampled, as class_path HFRolloutEngine (Hugging Face generate,
+                CPU/GPU) or VLLMRolloutEngine (GPU; pip install mutual-rl[vllm]) with init_args; or the name hf
+                or vllm with default arguments.
             log_samples_every_n_steps: write sample completions to TensorBoard this often (0 = never).
             eval_at_start: evaluate on the held-out split before the first training step (logged at step 0),
                 so every curve starts from the warm-started policies.
             export_dir: where each policy is saved in Hugging Face format at the end of fit (default:
-                ``<log_dir>/export``).
-            cache_dir: cache root of the embedded tiny presets (default: ``$MUTUAL_RL_CACHE`` or
-                ``~/.cache/mutual_rl``).
-            reward_timeout_s: seconds one reward call may take (registered and ``package.module:function``
-                rewards alike; ``math_verify`` uses it as its worker's limit). A call past it is a timeout.
-            reward_errors: what a reward call that raises, times out, or returns ``None``/NaN/inf/a non-number
-                does: ``raise`` (stop with an error naming the reward, the completion and the answer) or
-                ``skip`` (score it 0.0 and count it in ``<policy>/reward_errors`` / ``<policy>/reward_timeouts``,
+                <log_dir>/export).
+            cache_dir: cache root of the embedded tiny presets (default: $MUTUAL_RL_CACHE or
+                ~/.cache/mutual_rl).
+            reward_timeout_s: seconds one reward call may take (registered and package.module:function
+                rewards alike; math_verify uses it as its worker's limit). A call past it is a timeout.
+            reward_errors: what a reward call that raises, times out, or returns None/NaN/inf/a non-number
+                does: raise (stop with an error naming the reward, the completion and the answer) or
+                skip (score it 0.0 and count it in <policy>/reward_errors / <policy>/reward_timeouts,
                 logged per step). math-verify timeouts always score 0.0 and are counted.
-            prompt_overflow: a prompt whose tokens plus a policy's ``sampling.max_new_tokens`` exceed that
-                policy's context length (model config ``max_position_embeddings``/``n_positions``, else the
-                tokenizer's ``model_max_length``), checked over the train and held-out prompts when the policies are
-                built: ``error`` (stop, naming the policy, the prompts and both lengths) or ``truncate`` (keep the
+            prompt_overflow: a prompt whose tokens plus a policy's sampling.max_new_tokens exceed that
+                policy's context length (model config max_position_embeddings/n_positions, else the
+                tokenizer's model_max_length), checked over the train and held-out prompts when the policies are
+                built: error (stop, naming the policy, the prompts and both lengths) or truncate (keep the
                 prompt's last tokens; the count is logged once per policy).
             thl_residual_every_n_steps: every this many steps (and at step 0), for each receiver whose regime
                 carries peer responses across tokenizers (prp, sgt, graft, hacpo), log how far the THL-aligned peer
@@ -113,12 +115,13 @@ class MutualRLModule(LightningModule):
         self.automatic_optimization = False
         self.specs = list(policies)
         self.algorithm = algorithm or GRPOConfig()
-        self.regime_name = regime
-        self.regimes = {
-            p.name: get_regime(p.regime or regime, **((p.regime_args if p.regime else regime_args) or {}))
-            for p in self.specs
-        }
-        self._check_regime_args()
+        shared = as_regime(regime)
+        self.regime_name = regime_name(shared)
+        # every receiver its own instance (regimes may keep state); one source of success_threshold
+        self.regimes = {p.name: copy.deepcopy(as_regime(p.regime) if p.regime is not None else shared)
+                        for p in self.specs}
+        for r in self.regimes.values():
+            r.success_threshold = self.algorithm.success_threshold
         self._own_exchange = None
         self.budgets: dict = {}  # policy -> budget (n, max_new_tokens, update), set by the MWRA callback per step
         self.reward_name = reward
@@ -127,7 +130,7 @@ class MutualRLModule(LightningModule):
         self.eval_at_start = eval_at_start
         self.export_dir, self.cache_dir = export_dir, cache_dir
         self.policies = nn.ModuleDict()
-        self.engine = get_engine(rollout_engine, **(rollout_engine_args or {}))
+        self.engine = get_engine(rollout_engine) if isinstance(rollout_engine, str) else rollout_engine
         self._rng_to_restore = None
         self._offset_rng_per_rank = False
         self._per_token_seen: dict[str, set[str]] = {}  # per policy: the per-token update metrics ever logged
@@ -215,7 +218,7 @@ class MutualRLModule(LightningModule):
         if not getattr(ex, "_mutual_rl_subscribed", False):
             for spec in self.specs:
                 regime = self.regimes[spec.name]
-                ex.subscribe(spec.name, set(regime.subscribes), regime=spec.regime or self.regime_name)
+                ex.subscribe(spec.name, set(regime.subscribes), regime=regime_name(regime))
             ex._mutual_rl_subscribed = True
         return ex
 
@@ -482,16 +485,6 @@ class MutualRLModule(LightningModule):
         by_name = dict(zip(saved, states))
         checkpoint["optimizer_states"] = [by_name[name] for name in current]
 
-    def _check_regime_args(self) -> None:
-        """A policy's own ``regime_args`` need its own ``regime`` (they would otherwise be ignored)."""
-        for i, spec in enumerate(self.specs):
-            if spec.regime_args and not spec.regime:
-                raise ValueError(
-                    f"policy {spec.name!r} sets regime_args {spec.regime_args} but no regime of its own, so they would "
-                    f"be ignored (it uses model.regime {self.regime_name!r} with model.regime_args): set "
-                    f"model.policies[{i}].regime too, or move the arguments to model.regime_args."
-                )
-
     def setup(self, stage: str) -> None:
         """Before fit: a sharing regime (one that reads peers' records: every built-in regime but ``none``) needs a
         peer -- a second policy in ``model.policies`` or one replayed by the ``ExperienceExchange`` callback
@@ -506,7 +499,7 @@ class MutualRLModule(LightningModule):
         if any(getattr(cb, "replayed_policies", None) for cb in callbacks if isinstance(cb, ExperienceExchange)):
             return
         spec = self.specs[0]
-        name = spec.regime or self.regime_name
+        name = regime_name(self.regimes[spec.name])
         if self.regimes[spec.name].subscribes:
             where = "model.policies[0].regime" if spec.regime else "model.regime"
             raise ValueError(

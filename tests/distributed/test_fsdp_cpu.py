@@ -88,7 +88,7 @@ def test_two_rank_fsdp_fit(presets, tmp_path):
                  "init_args": {"dirpath": str(tmp_path / "ckpt"), "save_last": True}},
             ],
         },
-        "model": {"policies": policies, "regime": "graft", "regime_args": {"delta": 0.0},
+        "model": {"policies": policies, "regime": {"class_path": "GRAFT", "init_args": {"delta": 0.0}},
                   "reward": "tests.distributed.cli_reward:parity",
                   "algorithm": {"num_mini_batches": 2, "micro_batch_size": 3, "kl_coef": 0.01},
                   "evaluation": {"k": 2, "max_new_tokens": 5}, "export_dir": str(tmp_path / "export")},

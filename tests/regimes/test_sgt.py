@@ -113,7 +113,9 @@ def test_size_one_groups_all_pass_peer_threshold_and_coef():
     assert plan.nll.coef == 0.25 and plan.nll.batch.prompt_ids == [0] and plan.nll.mini_batches == [[0], []]
     assert_flows(plan, peers, {"s": {"consumed": 1, "not_drawn": 2, "gate_closed": 2}})
     # threshold 0.5: 0.5 is not a success -> both prompts gated
-    plan = get_regime("sgt", success_threshold=0.5).plan(recv, own, peers, 2)
+    regime = get_regime("sgt")
+    regime.success_threshold = 0.5  # set by the module from algorithm.success_threshold
+    plan = regime.plan(recv, own, peers, 2)
     assert plan.nll.batch.prompt_ids == [0, 1] and plan.nll.mini_batches == [[0], [1]]
     assert_flows(plan, peers, {"s": {"consumed": 2, "not_drawn": 3}})
 

@@ -299,14 +299,29 @@ def test_negative_eval_temperature_names_the_setting():
 
 
 # ------------------------------------------------------------------------------------- 6. regime configuration
-def test_policy_regime_args_without_its_own_regime_is_an_error():
+def test_regimes_are_typed_per_receiver_with_one_success_threshold():
+    """model.regime and a policy's own regime are Regime objects (class_path/init_args in a config); every
+    receiver gets its own instance; success_threshold comes from algorithm only."""
+    from mutual_rl.policies.update import GRPOConfig
+    from mutual_rl.regimes import GRAFT, SGT
+
     specs = pair()
-    specs[1].regime_args = {"coef": 0.3}
-    with pytest.raises(ValueError) as e:
-        MutualRLModule(specs, regime="sgt", regime_args={"coef": 0.1})
-    msg = str(e.value)
-    assert "policy 'llama' sets regime_args {'coef': 0.3} but no regime of its own" in msg
-    assert "set model.policies[1].regime too, or move the arguments to model.regime_args" in msg
+    specs[1].regime = GRAFT(delta=0.5)
+    m = MutualRLModule(specs, regime=SGT(coef=0.3), algorithm=GRPOConfig(success_threshold=0.5))
+    a, b = m.regimes["gpt2"], m.regimes["llama"]
+    assert isinstance(a, SGT) and a.coef == 0.3 and isinstance(b, GRAFT) and b.delta == 0.5
+    assert a.success_threshold == b.success_threshold == 0.5
+    m2 = MutualRLModule(pair(), regime="hacpo")
+    assert m2.regimes["gpt2"] is not m2.regimes["llama"]  # regimes keep state: one instance per receiver
+
+
+def test_removed_regime_args_key_is_a_parse_error_naming_it(tmp_path, capsys):
+    cfg = tmp_path / "old.yaml"
+    cfg.write_text("model:\n  policies: [{name: a, model: tiny:gpt2-bpe}, {name: b, model: tiny:llama-char}]\n"
+                   "  regime: sgt\n  regime_args: {coef: 0.3}\n")
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(cfg), "--print_config"])
+    assert "regime_args" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("own", [False, True])

@@ -19,6 +19,7 @@ from mutual_rl.data.datamodule import PromptDataModule
 from mutual_rl.exchange import ExperienceExchange
 from mutual_rl.module import MutualRLModule
 from mutual_rl.policies.update import GRPOConfig
+from mutual_rl.regimes import get_regime
 from tests.trainer.helpers import pair, spec, trainer
 
 REGIMES = [
@@ -50,8 +51,8 @@ def repeated_file(tmp_path, rows: int = 3):
 def run(tmp_path, regime, args, *, lora: bool, trio: bool, kl: float = 1e-3, steps: int = 2):
     pl.seed_everything(0)
     specs = pair(lora=lora, lr=1e-3) + ([spec("llama_bpe", "tiny:llama-bpe", lora=lora)] if trio else [])
-    m = MutualRLModule(specs, algorithm=GRPOConfig(num_mini_batches=2, kl_coef=kl), regime=regime,
-                       regime_args=args, reward="test_parity", log_samples_every_n_steps=0)
+    m = MutualRLModule(specs, algorithm=GRPOConfig(num_mini_batches=2, kl_coef=kl), regime=get_regime(regime, **args),
+                       reward="test_parity", log_samples_every_n_steps=0)
     dm = PromptDataModule(train_files=[repeated_file(tmp_path)], val_files=[repeated_file(tmp_path)],
                           batch_size=4, val_batch_size=4)
     rec, ex = _Metrics(), ExperienceExchange()

@@ -10,6 +10,7 @@ from lightning.pytorch.callbacks import Callback
 from mutual_rl.exchange import ExperienceExchange
 from mutual_rl.module import MutualRLModule
 from mutual_rl.policies.update import GRPOConfig
+from mutual_rl.regimes import get_regime
 from tests.trainer.helpers import datamodule, pair, spec, trainer
 
 
@@ -28,7 +29,7 @@ class _Metrics(Callback):
 @pytest.mark.parametrize("regime,args", [("sgt", {"coef": 0.3}), ("graft", {"delta": 0.5})])
 def test_three_policies(regime, args, tmp_path):
     pl.seed_everything(0)
-    m = MutualRLModule(_trio(), algorithm=GRPOConfig(num_mini_batches=2), regime=regime, regime_args=args,
+    m = MutualRLModule(_trio(), algorithm=GRPOConfig(num_mini_batches=2), regime=get_regime(regime, **args),
                        reward="test_parity", log_samples_every_n_steps=0)
     rec = _Metrics()
     ex = ExperienceExchange()
@@ -56,7 +57,7 @@ def test_stored_peer_replay(tmp_path):
 
     pl.seed_everything(0)
     receiver = MutualRLModule([spec("llama", "tiny:llama-char")], algorithm=GRPOConfig(num_mini_batches=2),
-                              regime="graft", regime_args={"balance": False, "delta": 0.0}, reward="test_parity",
+                              regime=get_regime("graft", balance=False, delta=0.0), reward="test_parity",
                               log_samples_every_n_steps=0)
     trainer(tmp_path / "b", max_steps=0).fit(receiver, datamodule=datamodule())
     before = {k: v.detach().clone() for k, v in receiver.named_parameters()}

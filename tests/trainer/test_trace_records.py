@@ -15,12 +15,13 @@ from mutual_rl.exchange import ExperienceExchange, StoredPeer, TraceRecord, read
 from mutual_rl.exchange.records import groups_from_records
 from mutual_rl.module import MutualRLModule
 from mutual_rl.policies.update import GRPOConfig
+from mutual_rl.regimes import get_regime
 from tests.trainer.helpers import datamodule, pair, trainer
 
 
 def _fit(tmp_path, args):
     pl.seed_everything(0)
-    m = MutualRLModule(pair(), algorithm=GRPOConfig(num_mini_batches=1), regime="prp", regime_args=args,
+    m = MutualRLModule(pair(), algorithm=GRPOConfig(num_mini_batches=1), regime=get_regime("prp", **args),
                        reward="test_parity", log_samples_every_n_steps=0, thl_residual_every_n_steps=0)
     ex = ExperienceExchange(store_dir=str(tmp_path / "traffic"))
     trainer(tmp_path, max_steps=1, callbacks=[ex]).fit(m, datamodule=datamodule())

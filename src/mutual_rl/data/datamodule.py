@@ -67,9 +67,9 @@ class PromptDataModule(LightningDataModule):
     ):
         """
         Args:
-            task: the built-in arithmetic task (used when no ``train_files`` are given; default settings if
+            task: the built-in arithmetic task (used when no train_files are given; default settings if
                 omitted).
-            train_files: JSONL/Parquet prompt files (fields ``problem``/``answer``, names configurable); when
+            train_files: JSONL/Parquet prompt files (fields problem/answer, names configurable); when
                 given they replace the task's train split.
             val_files: held-out prompt files; default: the task's held-out split.
             problem_key: field holding the problem text in the files.

@@ -53,15 +53,15 @@ class EvalConfig:
     temperature: float = 0.6
     """Sampling temperature of the k samples; 0 = greedy decoding (the k samples are the greedy response)."""
     top_p: float = 0.95
-    """Nucleus sampling mass of the k samples (unused when ``temperature`` is 0)."""
+    """Nucleus sampling mass of the k samples (unused when temperature is 0)."""
     max_new_tokens: int | None = None
-    """Default: each policy's own ``sampling.max_new_tokens``."""
+    """Default: each policy's own sampling.max_new_tokens."""
     seed: int = 1234
     """Seed of evaluation sampling (independent of training)."""
     greedy: bool = True
-    """Also decode one greedy response per problem and report greedy accuracy (``greedy``)."""
+    """Also decode one greedy response per problem and report greedy accuracy (greedy)."""
     greedy_batch_size: int = 64
-    """Problems per greedy ``generate`` call."""
+    """Problems per greedy generate call."""
 
     def __post_init__(self):
         if self.k < 1:

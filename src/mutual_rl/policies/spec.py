@@ -9,6 +9,8 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 
+from mutual_rl.regimes.base import Regime
+
 PRESET_PREFIX = "tiny:"
 """How an embedded preset's name starts (``tiny:gpt2-bpe``)."""
 
@@ -26,7 +28,7 @@ class SamplingSpec:
     top_k: int = 0
     """Top-k filter (0 = off; transformers would otherwise apply 50)."""
     max_new_tokens: int = 32
-    """Longest response; longer ones finish with reason ``length``."""
+    """Longest response; longer ones finish with reason length."""
 
     def __post_init__(self):
         if self.n < 1:
@@ -67,7 +69,7 @@ class LoraSpec:
     alpha: int = 16
     dropout: float = 0.0
     target_modules: str | list[str] = "all-linear"
-    """peft ``target_modules``; ``all-linear`` works for every architecture."""
+    """peft target_modules; all-linear works for every architecture."""
 
     def __post_init__(self):
         if self.r < 1:
@@ -91,7 +93,7 @@ class WarmStart:
     lr: float = 1e-3
     batch_size: int = 64
     skills: list[str] | None = None
-    """Operators to learn (``None`` = all the task has)."""
+    """Operators to learn (None = all the task has)."""
     other_skill_fraction: float = 0.0
     seed: int = 0
 
@@ -107,13 +109,13 @@ class PolicySpec:
     """One policy: its own model, tokenizer, prompt format, optimizer and sampling."""
 
     name: str
-    """Identifier used in logs and exports (``<name>/reward``)."""
+    """Identifier used in logs and exports (<name>/reward)."""
     model: str
-    """A Hugging Face model path or id, or an embedded preset (``tiny:gpt2-bpe``, ``tiny:llama-char``)."""
+    """A Hugging Face model path or id, or an embedded preset (tiny:gpt2-bpe, tiny:llama-char)."""
     tokenizer: str | None = None
     """Tokenizer path (default: the model's)."""
     prompt_template: str = "{problem}"
-    """How a problem becomes this policy's prompt; ``{problem}`` is replaced by the problem text."""
+    """How a problem becomes this policy's prompt; {problem} is replaced by the problem text."""
     chat_template: bool = False
     """Wrap the rendered prompt as a user message in the tokenizer's chat template."""
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
@@ -126,12 +128,11 @@ class PolicySpec:
     log-probs equal the rollout's; exported full checkpoints keep the checkpoint's own dropout values in their config. LoRA's own
     dropout is lora.dropout and stays as configured. False keeps the checkpoint's dropout."""
     warmstart: WarmStart | None = None
-    """Only for ``tiny:`` presets (an error on any other model): supervised warm-up settings (default:
-    ``WarmStart()``)."""
-    regime: str | None = None
-    """This policy's own sharing regime as a receiver (default: ``model.regime``)."""
-    regime_args: dict | None = None
-    """Arguments of this policy's own regime."""
+    """Only for tiny: presets (an error on any other model): supervised warm-up settings (default:
+    WarmStart())."""
+    regime: Regime | str | None = None
+    """This policy's own sharing regime as a receiver, configured as model.regime (class_path and init_args, or
+    a registered name); default: model.regime."""
     trust_remote_code: bool = False
     seed: int = 0
     """Initialisation seed of a tiny preset."""

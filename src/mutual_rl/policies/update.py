@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -40,27 +41,27 @@ class GRPOConfig:
     """Upper clip ε_high (DAPO clip-higher)."""
     dual_clip: float | None = None
     """Dual-clip constant c > 1 for negative advantages (off by default)."""
-    agg: str = "token-mean"
+    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
     """Loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum-norm."""
-    scale: str = "group"
+    scale: Literal["group", "none"] = "group"
     """Advantage scale: group (divide by the group std) | none (Dr.GRPO)."""
     eps: float = 1e-6
     kl_coef: float = 0.0
     """β of the KL penalty to the reference (0 = off; with LoRA the reference is the adapter-free base)."""
-    kl_kind: str = "k3"
+    kl_kind: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator: k1 | k2 | k3."""
     ppo_epochs: int = 1
     num_mini_batches: int = 4
     """Optimizer steps per policy per epoch (mini-batch = 1/4 of the step's responses by default)."""
     micro_batch_size: int = 0
     """Rows per forward/backward (0 = a whole mini-batch at once); changes no gradient."""
-    old_logp: str = "recompute"
+    old_logp: Literal["recompute", "rollout"] = "recompute"
     """Behaviour log-probs: recompute (trainer forward before the update) | rollout (the sampler's trace)."""
     success_threshold: float = 0.0
     """A response with reward above this counts as a success."""
     skip_zero_advantage: bool = True
     """Skip forward/backward of zero-advantage rows (no gradient change; see module docstring)."""
-    on_nonfinite: str = "raise"
+    on_nonfinite: Literal["raise", "skip"] = "raise"
     """A non-finite advantage, loss or gradient: raise (stop with an error naming the policy and the quantity) |
     skip (refuse that optimizer step, leave the weights and AdamW state as they were, count it in nonfinite_skipped)."""
 

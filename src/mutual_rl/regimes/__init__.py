@@ -6,16 +6,21 @@ modules); :func:`get_regime` resolves a name.
 
 import inspect
 
-from mutual_rl.regimes import graft, hacpo, prp, sgt, xgrpo  # noqa: F401 (each registers its regime)
 from mutual_rl.regimes.base import (
     _REGIMES,
     NLLTerm,
+    NoSharing,
     Regime,
     TrainingPlan,
     own_batch,
     register_regime,
     split_rows,
 )
+from mutual_rl.regimes.graft import GRAFT
+from mutual_rl.regimes.hacpo import HACPO
+from mutual_rl.regimes.prp import PRP
+from mutual_rl.regimes.sgt import SGT
+from mutual_rl.regimes.xgrpo import XGRPO
 
 
 def get_regime(name: str, **kwargs) -> Regime:
@@ -30,12 +35,33 @@ def get_regime(name: str, **kwargs) -> Regime:
     return cls(**kwargs)
 
 
+def as_regime(regime: Regime | str) -> Regime:
+    """``regime`` itself, or a new instance of the regime registered under that name (default arguments)."""
+    if isinstance(regime, Regime):
+        return regime
+    if isinstance(regime, str):
+        return get_regime(regime)
+    raise TypeError(f"a regime must be a Regime instance (class_path/init_args in a config) or a registered name "
+                    f"({', '.join(sorted(_REGIMES))}), got {regime!r}.")
+
+
+def regime_name(regime: Regime) -> str:
+    """The registered name of ``regime``'s class (or of the registered class it derives from; else its class
+    name)."""
+    for cls in type(regime).__mro__:
+        for name, registered in _REGIMES.items():
+            if registered is cls:
+                return name
+    return type(regime).__name__
+
+
 def available_regimes() -> list[str]:
     """Sorted names of the registered regimes."""
     return sorted(_REGIMES)
 
 
 __all__ = [
-    "NLLTerm", "Regime", "TrainingPlan", "available_regimes", "get_regime", "own_batch", "register_regime",
-    "split_rows",
+    "GRAFT", "HACPO", "PRP", "SGT", "XGRPO", "NoSharing",
+    "NLLTerm", "Regime", "TrainingPlan", "as_regime", "available_regimes", "get_regime", "own_batch",
+    "regime_name", "register_regime", "split_rows",
 ]

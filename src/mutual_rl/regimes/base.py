@@ -60,6 +60,9 @@ class Regime:
     """
 
     subscribes: tuple[str, ...] = ()
+    #: a response with reward above this counts as a success; the module sets it from
+    #: ``algorithm.success_threshold`` (its one source) on every receiver's regime
+    success_threshold: float = 0.0
 
     def plan(
         self, receiver, own: Sequence[ScoredGroup], peers: Mapping[str, Sequence[ScoredGroup]], num_mini_batches: int

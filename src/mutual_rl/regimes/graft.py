@@ -56,8 +56,8 @@ group), ``transferred_responses/<S>`` (admitted); overall ``transferred_groups``
 and ``hist/compat_s``: a 1-D tensor of every evaluated ``s`` (possibly empty), which the module logs as a
 TensorBoard histogram.
 
-Constructor arguments (the YAML ``regime_args``): ``delta`` (δ, 0.8), ``balance`` (True; False in stored-peer
-mode), ``success_threshold`` (0.0), ``policy_order`` (None), ``logp_batch_size`` (rows per receiver forward pass
+Constructor arguments (``init_args`` of ``model.regime`` in a config): ``delta`` (δ, 0.8), ``balance`` (True; False in stored-peer
+mode), ``policy_order`` (None), ``logp_batch_size`` (rows per receiver forward pass
 of the compatibility evaluation, 16; 0 = all at once), ``peer_last`` (``in_batch`` | ``extra`` | ``none``).
 """
 
@@ -66,6 +66,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Hashable, Mapping, Sequence
+from typing import Literal
 
 import torch
 
@@ -136,10 +137,9 @@ class GRAFT(Regime):
     """GRAFT regime (see the module docstring for the rules as implemented and every deviation).
 
     Args:
-        delta: compatibility floor δ; responses with ``s ≤ δ`` are dropped.
+        delta: compatibility floor δ; responses with s ≤ δ are dropped.
         balance: balance the transfer volume across directions (False in stored-peer mode).
-        success_threshold: a response with reward above this counts as a success.
-        policy_order: tie-break order of sources for N > 2 (default: order of the delivered ``peers``).
+        policy_order: tie-break order of sources for N > 2 (default: order of the delivered peers).
         logp_batch_size: rows per receiver forward pass when evaluating compatibility (0 = all at once).
         peer_last: in_batch (the paper: grafted groups replace the receiver's inside the batch and the
             mini-batches holding them run last; number and size of mini-batches unchanged) | extra (grafted rows
@@ -149,8 +149,8 @@ class GRAFT(Regime):
 
     subscribes = ("rollout", "reward", "advantage")
 
-    def __init__(self, delta: float = 0.8, balance: bool = True, success_threshold: float = 0.0,
-                 policy_order: list[str] | None = None, logp_batch_size: int = 16, peer_last: str = "in_batch"):
+    def __init__(self, delta: float = 0.8, balance: bool = True, policy_order: list[str] | None = None,
+                 logp_batch_size: int = 16, peer_last: Literal["in_batch", "extra", "none"] = "in_batch"):
         if peer_last not in PEER_LAST:
             raise ValueError(f"graft: peer_last={peer_last!r} is not one of: {', '.join(PEER_LAST)}.")
         self.peer_last = peer_last
@@ -160,7 +160,6 @@ class GRAFT(Regime):
             raise ValueError(f"graft: logp_batch_size must be >= 0, got {logp_batch_size}")
         self.delta = float(delta)
         self.balance = bool(balance)
-        self.success_threshold = float(success_threshold)
         self.policy_order = list(policy_order) if policy_order is not None else None
         self.logp_batch_size = int(logp_batch_size)
 

@@ -45,15 +45,16 @@ Metrics: ``capability/<policy>`` (``P_k`` for ``R`` and each source), ``cap_rati
 (``s > 1``) (token-weighted means over sequences), ``self/approx_kl`` (per-token k3 to ``π_R,old`` on own rows)
 and ``kl`` when a reference is given.
 
-Constructor arguments (the YAML ``regime_args``): ``window`` (5), ``floor`` (1e-8), ``ratio_min`` (0.1),
+Constructor arguments (``init_args`` of ``model.regime`` in a config): ``window`` (5), ``floor`` (1e-8), ``ratio_min`` (0.1),
 ``ratio_max`` (10), ``lower_start`` (0.8), ``lower_slope`` (0.025), ``alpha`` (1), ``self_clip_low`` (3e-4),
-``self_clip_high`` (4e-4), ``log_ratio_clamp`` (10), ``success_threshold`` (0.0), ``eps`` (1e-6),
+``self_clip_high`` (4e-4), ``log_ratio_clamp`` (10), ``eps`` (1e-6),
 ``lower_schedule`` (``update`` | ``step``), ``kl_peer_rows`` (False).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 
@@ -81,13 +82,12 @@ class HACPO(Regime):
 
     Args:
         window: steps in the capability rolling mean.
-        floor: floor of each capability ``P_k``.
-        ratio_min, ratio_max: clip range of ``P_R / P_S``.
-        lower_start, lower_slope: ``L_m = min(1, lower_start + lower_slope · m)``.
+        floor: floor of each capability P_k.
+        ratio_min, ratio_max: clip range of P_R / P_S.
+        lower_start, lower_slope: L_m = min(1, lower_start + lower_slope · m).
         alpha: exponent of the stop-gradient factor of the peer term.
-        self_clip_low, self_clip_high: clip range ``[1 − low, 1 + high]`` of the self sequence ratio.
-        log_ratio_clamp: clamp of ``ℓ̄_R − ℓ̄_src`` before ``exp``.
-        success_threshold: a reward above this counts as positive (capability).
+        self_clip_low, self_clip_high: clip range [1 − low, 1 + high] of the self sequence ratio.
+        log_ratio_clamp: clamp of ℓ̄_R − ℓ̄_src before exp.
         eps: added to the pooled std.
         lower_schedule: what m counts in L_m: update (the optimizer update within the current training step,
             restarting at 0 every step, as the public HACPO code) or step (training steps so far; L_m reaches 1
@@ -101,7 +101,7 @@ class HACPO(Regime):
     def __init__(self, window: int = 5, floor: float = 1e-8, ratio_min: float = 0.1, ratio_max: float = 10.0,
                  lower_start: float = 0.8, lower_slope: float = 0.025, alpha: float = 1.0,
                  self_clip_low: float = 3e-4, self_clip_high: float = 4e-4, log_ratio_clamp: float = 10.0,
-                 success_threshold: float = 0.0, eps: float = 1e-6, lower_schedule: str = "update",
+                 eps: float = 1e-6, lower_schedule: Literal["update", "step"] = "update",
                  kl_peer_rows: bool = False):
         if lower_schedule not in LOWER_SCHEDULES:
             raise ValueError(f"hacpo: lower_schedule={lower_schedule!r} is not one of: {', '.join(LOWER_SCHEDULES)}.")
@@ -112,7 +112,7 @@ class HACPO(Regime):
         self.window, self.floor, self.ratio_min, self.ratio_max = int(window), floor, ratio_min, ratio_max
         self.lower_start, self.lower_slope, self.alpha = lower_start, lower_slope, alpha
         self.self_clip_low, self.self_clip_high, self.log_ratio_clamp = self_clip_low, self_clip_high, log_ratio_clamp
-        self.success_threshold, self.eps = success_threshold, eps
+        self.eps = eps
         self.lower_schedule, self.kl_peer_rows = lower_schedule, bool(kl_peer_rows)
         self.windows: dict[str, list[tuple[int, float]]] = {}
         self.updates: dict[str, int] = {}

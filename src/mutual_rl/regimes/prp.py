@@ -49,7 +49,7 @@ Metrics of the plan: ``prp/peer_rows`` (peer rows in the batch), ``prp/peer_frac
 ``ρ > C``) for peer tokens, ``approx_kl`` (k3 to the behaviour, all tokens: peer tokens against ``ℓ̃``) and its
 parts ``self/approx_kl`` (own tokens, against ``π_R,old``: comparable across regimes) and ``peer/approx_kl``.
 
-Constructor arguments (``regime_args``): ``denominator`` (``learner_snapshot`` default | ``peer_aligned``),
+Constructor arguments (``init_args`` of ``model.regime`` in a config): ``denominator`` (``learner_snapshot`` default | ``peer_aligned``),
 ``is_cap`` (C, default 2.0), ``granularity`` (THL alignment for ``peer_aligned``: ``word`` default |
 ``span``), ``eps`` (default 1e-6).
 """
@@ -57,6 +57,7 @@ Constructor arguments (``regime_args``): ``denominator`` (``learner_snapshot`` d
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import torch
 
@@ -79,22 +80,22 @@ DENOMINATORS = ("learner_snapshot", "peer_aligned")
 
 @register_regime("prp")
 class PRP(Regime):
-    """Data-level sharing: peers' groups pooled into ``R``'s batch (THL-crossed), pooled GRPO advantages.
+    """Data-level sharing: peers' groups pooled into R's batch (THL-crossed), pooled GRPO advantages.
 
     See the module docstring for the rule as implemented and the *ours* choices.
 
     Args:
-        denominator: ``learner_snapshot`` (π_R,old on the retokenized response) or ``peer_aligned``
+        denominator: learner_snapshot (π_R,old on the retokenized response) or peer_aligned
             (THL-aligned peer trace, truncated IS).
-        is_cap: C, the cap of the truncated importance weight (``peer_aligned`` only; default 2.0).
-        granularity: THL alignment granularity for ``peer_aligned``: ``word`` (paper) or ``span``.
+        is_cap: C, the cap of the truncated importance weight (peer_aligned only; default 2.0).
+        granularity: THL alignment granularity for peer_aligned: word (paper) or span.
         eps: ε added to the pooled std (default 1e-6).
     """
 
     subscribes = ("rollout", "reward")
 
-    def __init__(self, denominator: str = "learner_snapshot", is_cap: float = 2.0, granularity: str = "word",
-                 eps: float = 1e-6):
+    def __init__(self, denominator: Literal["learner_snapshot", "peer_aligned"] = "learner_snapshot",
+                 is_cap: float = 2.0, granularity: Literal["word", "span"] = "word", eps: float = 1e-6):
         if denominator not in DENOMINATORS:
             raise ValueError(f"prp: denominator={denominator!r} is not one of: {', '.join(DENOMINATORS)}.")
         if granularity not in GRANULARITIES:

@@ -33,8 +33,8 @@ Metrics: ``rescued/<source>`` (rescued prompts whose draw came from that source,
 ``rescued / #prompts``), ``all_fail_frac`` (fraction of ``R``'s prompts with ``k_R = 0``, open gate or not).
 The update reports the mean NLL itself (``nll``).
 
-Constructor arguments (``regime_args``): ``coef`` (λ, default 0.1), ``seed`` (draw seed, default 0),
-``success_threshold`` (default 0.0; keep it equal to ``algorithm.success_threshold``).
+Constructor arguments (``init_args`` of ``model.regime`` in a config): ``coef`` (λ, default 0.1), ``seed`` (draw seed, default 0),
+success comes from ``algorithm.success_threshold`` (the regime's ``success_threshold``, set by the module).
 
 KL (``algorithm.kl_coef > 0``): on ``R``'s own rows (the GRPO batch); the NLL term's rescued rows carry no KL.
 """
@@ -71,19 +71,17 @@ class SGT(Regime):
     See the module docstring for the rule as implemented and the *ours* choices.
 
     Args:
-        coef: λ, the weight of the NLL term (default 0.1).
-        seed: seed of the uniform draw among the peers' successes (default 0).
-        success_threshold: a response succeeds iff its reward is above this (default 0.0).
+        coef: lambda, the weight of the NLL term on rescued peer successes (paper: 0.1).
+        seed: seed of the uniform draw among the peers' successes.
     """
 
     subscribes = ("rollout", "reward")
 
-    def __init__(self, coef: float = 0.1, seed: int = 0, success_threshold: float = 0.0):
+    def __init__(self, coef: float = 0.1, seed: int = 0):
         if coef < 0:
             raise ValueError(f"sgt: coef must be >= 0, got {coef}")
         self.coef = float(coef)
         self.seed = int(seed)
-        self.success_threshold = float(success_threshold)
 
     def plan(self, receiver, own, peers, num_mini_batches):
         own = [g for g in own if g.rollouts]

@@ -24,7 +24,7 @@ Metrics: ``xgrpo/pooled_frac`` (fraction of ``R``'s prompts with at least one pe
 (mean pooled group size), ``xgrpo/adv_abs_diff`` (mean ``|Â^XGRPO − Â^GRPO|`` over ``R``'s rows, against the
 advantages ``R``'s groups arrived with) and ``xgrpo/signal_frac`` (fraction of ``R``'s rows with ``Â ≠ 0``).
 
-Constructor arguments (``regime_args``): ``eps`` (the ε above, default ``1e-6``).
+Constructor arguments (``init_args`` of ``model.regime`` in a config): ``eps`` (the ε above, default ``1e-6``).
 """
 
 from __future__ import annotations
@@ -53,12 +53,12 @@ def pooled_advantages(own: torch.Tensor, others: Sequence[torch.Tensor], eps: fl
 
 @register_regime("xgrpo")
 class XGRPO(Regime):
-    """Value-level sharing: ``R``'s own rollouts with a baseline pooled over every policy's rewards for ``q``.
+    """Value-level sharing: R's own rollouts with a baseline pooled over every policy's rewards for q.
 
     See the module docstring for the rule as implemented (the formula is *ours*).
 
     Args:
-        eps: ε added to the pooled std (default ``1e-6``, as ``algorithm.eps``).
+        eps: ε added to the pooled std (default 1e-6, as algorithm.eps).
     """
 
     subscribes = ("reward",)

@@ -1,26 +1,23 @@
-"""Rollout engines: one interface (:class:`RolloutEngine`), resolved by name.
+"""Rollout engines: one base class (:class:`RolloutEngine`), configured as ``class_path`` / ``init_args`` or by name.
 
-``hf`` (Hugging Face ``generate``; CPU and GPU reference) is always available; ``vllm`` is imported lazily, only
-when selected, so the package works without vllm installed.
+``HFRolloutEngine`` (``hf``: Hugging Face ``generate``; CPU and GPU reference) always works; ``VLLMRolloutEngine``
+(``vllm``) imports vllm only when one is built, so the package works without vllm installed.
 """
 
 from __future__ import annotations
 
 from mutual_rl.rollout.base import RolloutEngine
+from mutual_rl.rollout.hf import HFRolloutEngine
+from mutual_rl.rollout.vllm import VLLMRolloutEngine
 
-ENGINES = ("hf", "vllm")
+ENGINES = {"hf": HFRolloutEngine, "vllm": VLLMRolloutEngine}
 
 
 def get_engine(name: str, **kwargs) -> RolloutEngine:
-    if name == "hf":
-        from mutual_rl.rollout.hf import HFRolloutEngine
-
-        return HFRolloutEngine(**kwargs)
-    if name == "vllm":
-        from mutual_rl.rollout.vllm import VLLMRolloutEngine  # lazy: vllm is an optional GPU extra
-
-        return VLLMRolloutEngine(**kwargs)
-    raise ValueError(f"Unknown rollout engine {name!r}; choose one of: {', '.join(ENGINES)}.")
+    """A new engine registered as ``name`` (``hf`` | ``vllm``) with its keyword arguments."""
+    if name not in ENGINES:
+        raise ValueError(f"Unknown rollout engine {name!r}; choose one of: {', '.join(ENGINES)}.")
+    return ENGINES[name](**kwargs)
 
 
-__all__ = ["ENGINES", "RolloutEngine", "get_engine"]
+__all__ = ["ENGINES", "HFRolloutEngine", "RolloutEngine", "VLLMRolloutEngine", "get_engine"]

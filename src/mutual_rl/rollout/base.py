@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
 from mutual_rl.data.task import Problem
 from mutual_rl.policies.spec import SamplingSpec
 from mutual_rl.types import Rollout
 
 
-class RolloutEngine(Protocol):
+class RolloutEngine:
+    """Base class of the rollout engines (configured as class_path HFRolloutEngine / VLLMRolloutEngine)."""
+
     def generate(
         self, policy, problems: Sequence[Problem], sampling: SamplingSpec, *, step: int, group_id_base: int = 0
     ) -> list[list[Rollout]]:
@@ -20,9 +21,9 @@ class RolloutEngine(Protocol):
         distribution (temperature and top-p applied), the finish reason and the character offsets of the
         response tokens in the decoded response text.
         """
-        ...
+        raise NotImplementedError
 
     def place(self, name: str, placement: str | int) -> None:
         """Serve policy ``name``'s rollouts per the MWRA placement (``"colocate"``: the trainer's device; an int:
         that device). An engine that cannot honour a placement raises a ``ValueError`` naming the fix."""
-        ...
+        raise NotImplementedError

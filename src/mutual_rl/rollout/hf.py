@@ -28,12 +28,13 @@ from transformers import GenerationConfig
 from mutual_rl.data.task import Problem
 from mutual_rl.policies.lockstep import in_lockstep, padded
 from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.rollout.base import RolloutEngine
 from mutual_rl.strategies import generation_params
 from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Rollout
 
 
-class HFRolloutEngine:
+class HFRolloutEngine(RolloutEngine):
     """``generate``-based engine; ``chunk_size`` bounds how many sequences are generated at once."""
 
     def __init__(self, chunk_size: int = 512):

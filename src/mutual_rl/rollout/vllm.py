@@ -48,6 +48,7 @@ import torch
 
 from mutual_rl.data.task import Problem
 from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.rollout.base import RolloutEngine
 from mutual_rl.strategies import clean_name
 from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Rollout
@@ -150,7 +151,7 @@ def compare_probe(trainer_logp: Sequence[torch.Tensor], engine_logp: Sequence[to
             f"policy {policy!r}: after weight sync vLLM's log-probs differ from the trainer's by max "
             f"{out['probe_max_dlogp']:.3g} (mean {out['probe_mean_dlogp']:.3g}) > tolerance {tolerance:g}: the "
             "engine is not sampling from the trained weights (see TRL #5312, verl #7495). Check the weight names, "
-            "LoRA merge and dtype, or raise rollout_engine_args.probe_tolerance if the gap is numeric noise.")
+            "LoRA merge and dtype, or raise model.rollout_engine.init_args.probe_tolerance if the gap is numeric noise.")
     return out
 
 
@@ -229,7 +230,7 @@ class _Held:
     device: int | None = None
 
 
-class VLLMRolloutEngine:
+class VLLMRolloutEngine(RolloutEngine):
     """One ``vllm.LLM`` per policy; ``generate`` as the HF engine; ``sync_weights`` verified by a probe."""
 
     def __init__(
@@ -249,14 +250,14 @@ class VLLMRolloutEngine:
         Args:
             gpu_memory_utilization: fraction of the GPU each policy's engine may use (weights + KV cache).
             enable_sleep_mode: engines sleep between generations, freeing memory for training (colocated).
-            dtype: engine dtype (``auto``: the checkpoint's; ``bfloat16`` for real models).
+            dtype: engine dtype (auto: the checkpoint's; bfloat16 for real models).
             max_model_len: longest prompt + response (default: the model's).
             enforce_eager: disable CUDA graphs (faster start-up for tiny models).
             seed: engine sampling seed.
-            probe_tolerance: max allowed ``|Δ logp|`` of the sync probe (default 1e-3 fp32, 5e-2 bf16/fp16).
+            probe_tolerance: max allowed |Δ logp| of the sync probe (default 1e-3 fp32, 5e-2 bf16/fp16).
             probe_every: run the probe after every k-th sync (0 = never; not recommended).
-            per_policy: per-policy overrides of the keys above and ``device`` (index).
-            llm_kwargs: extra ``vllm.LLM`` keyword arguments (e.g. ``tensor_parallel_size``).
+            per_policy: per-policy overrides of the keys above and device (index).
+            llm_kwargs: extra vllm.LLM keyword arguments (e.g. tensor_parallel_size).
         """
         import_vllm()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine core: direct loads
@@ -275,7 +276,7 @@ class VLLMRolloutEngine:
         configured = self.per_policy.get(name, {}).get("device")
         if device is not None and configured is not None and int(configured) != device:
             raise ValueError(f"policy {name!r}: MWRA placement puts its rollouts on device {device} but "
-                             f"rollout_engine_args.per_policy.{name}.device is {configured}; set one of them.")
+                             f"model.rollout_engine.init_args.per_policy.{name}.device is {configured}; set one of them.")
         held = self.llms.get(name)
         want = device if device is not None else configured
         if held is not None and held.device != want:
