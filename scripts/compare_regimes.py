@@ -47,8 +47,9 @@ from pathlib import Path
 
 import yaml
 
+from mutual_rl.cli import load_config
+
 ROOT = Path(__file__).resolve().parents[1]
-BASE_CONFIG = ROOT / "configs" / "sgt.yaml"
 
 # the figures live next to this script (scripts/compare_plots.py); loaded by path, as scripts are not a package
 _spec = importlib.util.spec_from_file_location("compare_plots", Path(__file__).resolve().with_name("compare_plots.py"))
@@ -56,22 +57,21 @@ figures = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(figures)
 mean_std, plots, final_plot, CURVE_TAGS = figures.mean_std, figures.plots, figures.final_plot, figures.CURVE_TAGS
 
-#: regime label -> (model.regime class, its init_args, model.algorithm overrides)
-REGIMES: dict[str, tuple[str, dict, dict]] = {
-    "grpo": ("NoSharing", {}, {}),
-    "xgrpo": ("XGRPO", {}, {}),
-    "prp_snapshot": ("PRP", {"denominator": "learner_snapshot"}, {}),
-    "prp_aligned": ("PRP", {"denominator": "peer_aligned"}, {}),
-    "sgt": ("SGT", {"coef": 0.3}, {}),
-    "graft": ("GRAFT", {"delta": 0.8}, {}),
-    "hacpo": ("HACPO", {}, {"kl_coef": 1.0e-3, "kl_kind": "k3"}),
+#: regime label -> the shipped config it runs (an overlay of configs/base.yaml: regime and its algorithm settings)
+REGIMES: dict[str, str] = {
+    "grpo": "grpo.yaml",
+    "xgrpo": "xgrpo.yaml",
+    "prp_snapshot": "prp.yaml",
+    "prp_aligned": "prp_aligned.yaml",
+    "sgt": "sgt.yaml",
+    "graft": "graft.yaml",
+    "hacpo": "hacpo.yaml",
 }
 
 
 def run_config(label: str, seed: int, args, run_dir: Path) -> dict:
     """The YAML of one run: the base config with the regime, seed, budget and evaluation set."""
-    cfg = yaml.safe_load(BASE_CONFIG.read_text())
-    regime, regime_args, algo = REGIMES[label]
+    cfg = load_config(ROOT / "configs" / REGIMES[label])  # the same files `mutual-rl fit --config` reads
     cfg["seed_everything"] = seed
     cfg["trainer"].update(
         max_steps=args.steps, val_check_interval=args.val_every, enable_progress_bar=False,
@@ -85,10 +85,8 @@ def run_config(label: str, seed: int, args, run_dir: Path) -> dict:
         ],
     )
     model = cfg["model"]
-    model.update(regime={"class_path": regime, **({"init_args": regime_args} if regime_args else {})},
-                 export_dir=str(run_dir / "export"),
+    model.update(export_dir=str(run_dir / "export"),
                  log_samples_every_n_steps=0)
-    model["algorithm"] = {**model.get("algorithm", {}), **algo}
     model["evaluation"] = {**model.get("evaluation", {}), "k": args.k}
     if args.warmstart_steps is not None:
         for p in model["policies"]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mutual_rl.cli import main
+from mutual_rl.cli import load_config, main
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").rglob("*.yaml"))
 CPU_CONFIGS = [c for c in CONFIGS if "gpu" not in c.parts]
@@ -32,7 +32,7 @@ def test_config_parses(path, capsys):
 
 @pytest.mark.parametrize("path", CPU_CONFIGS, ids=lambda p: p.name)
 def test_config_runs_two_steps(path, tmp_path):
-    cfg = yaml.safe_load(path.read_text())
+    cfg = load_config(path)
     for spec in cfg["model"]["policies"]:
         if spec["model"].startswith("tiny:"):
             spec.setdefault("warmstart", {})["steps"] = 10
@@ -54,7 +54,7 @@ def test_config_runs_with_kl_lora_and_repeated_problems(path, tmp_path):
     file of three identical problems (every batch of 4 repeats a prompt id), 2 steps through the CLI."""
     import json
 
-    cfg = yaml.safe_load(path.read_text())
+    cfg = load_config(path)
     for spec in cfg["model"]["policies"]:
         if spec["model"].startswith("tiny:"):
             spec.setdefault("warmstart", {})["steps"] = 10
@@ -73,3 +73,20 @@ def test_config_runs_with_kl_lora_and_repeated_problems(path, tmp_path):
     main(["fit", "--config", str(short)])
     for name in [p["name"] for p in cfg["model"]["policies"]]:
         assert (tmp_path / "export" / name / "adapter_config.json").exists()
+
+
+@pytest.mark.parametrize("path", [c for c in CPU_CONFIGS if c.name != "base.yaml"], ids=lambda p: p.name)
+def test_overlay_alone_equals_base_plus_overlay(path, capsys):
+    """Each regime config is a small overlay of configs/base.yaml: alone, or composed after the base, it is the
+    same run; load_config (what scripts/compare_regimes.py reads) gives the same regime and policies."""
+    assert yaml.safe_load(path.read_text())["base"] == "base.yaml"
+    assert len(path.read_text().splitlines()) <= 15  # an overlay, not a copy
+    printed = []
+    for args in (["--config", str(path)], ["--config", str(path.parent / "base.yaml"), "--config", str(path)]):
+        with pytest.raises(SystemExit):
+            main(["fit", *args, "--print_config"])
+        printed.append(yaml.safe_load(capsys.readouterr().out))
+    assert printed[0] == printed[1]
+    loaded = load_config(path)
+    assert loaded["model"]["policies"] == yaml.safe_load((path.parent / "base.yaml").read_text())["model"]["policies"]
+    assert printed[0]["model"]["regime"]["class_path"].rsplit(".", 1)[1] == loaded["model"]["regime"]["class_path"]

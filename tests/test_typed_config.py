@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mutual_rl.cli import main
+from mutual_rl.cli import load_config, main
 from mutual_rl.regimes import GRAFT, HACPO, PRP, SGT, XGRPO, NoSharing
 
 CONFIGS = Path(__file__).parents[1] / "configs"
@@ -52,7 +52,7 @@ def test_choices_are_checked_by_the_parser(capsys):
 
 
 def test_a_policy_overrides_the_regime_the_same_way(tmp_path, capsys):
-    cfg = yaml.safe_load((CONFIGS / "sgt.yaml").read_text())
+    cfg = load_config(CONFIGS / "sgt.yaml")
     cfg["model"]["policies"][1]["regime"] = {"class_path": "GRAFT", "init_args": {"balance": False}}
     path = tmp_path / "mixed.yaml"
     path.write_text(yaml.safe_dump(cfg))
