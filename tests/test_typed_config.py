@@ -67,3 +67,16 @@ def test_subcommands_without_a_step_are_gone(sub, capsys):
     with pytest.raises(SystemExit) as exc:
         main([sub, "--help"])
     assert exc.value.code != 0
+
+
+def test_help_leaves_out_trainer_arguments_that_do_not_apply(capsys):
+    from mutual_rl.cli import TRAINER_HIDDEN
+
+    out = _run(["fit", "--help"], capsys)
+    for name in TRAINER_HIDDEN:
+        assert f"--trainer.{name} " not in out, name
+    assert "--trainer.max_steps" in out and "--trainer.callbacks" in out
+    assert len(out.splitlines()) < 650  # was 720 with every Trainer argument
+    with pytest.raises(SystemExit):  # manual optimization: each policy clips with its own optimizer.grad_clip
+        main(["fit", "--config", str(CONFIGS / "grpo.yaml"), "--trainer.gradient_clip_val", "1.0", "--print_config"])
+    assert "gradient_clip_val" in capsys.readouterr().err

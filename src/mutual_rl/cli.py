@@ -40,6 +40,16 @@ TRAINER_DEFAULTS = {
 
 _UNSUPPORTED = ("--optimizer", "--lr_scheduler")
 
+#: Trainer arguments left out of the CLI: not applicable here (manual optimization: accumulate_grad_batches,
+#: gradient_clip_*; each policy clips with its optimizer.grad_clip; no test/predict loop; prompts are split per
+#: rank by the data module) or never needed by this trainer's users
+TRAINER_HIDDEN = (
+    "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm", "limit_test_batches",
+    "limit_predict_batches", "overfit_batches", "reload_dataloaders_every_n_epochs", "use_distributed_sampler",
+    "sync_batchnorm", "inference_mode", "barebones", "detect_anomaly", "min_epochs", "min_steps", "model_registry",
+    "limit_train_batches",
+)
+
 
 class MutualRLCLI(LightningCLI):
     """LightningCLI for :class:`MutualRLModule` and :class:`PromptDataModule` (module docstring)."""
@@ -48,6 +58,16 @@ class MutualRLCLI(LightningCLI):
     def subcommands() -> dict[str, set[str]]:
         """Only ``fit`` and ``validate``: the module has no test or predict step."""
         return {k: v for k, v in LightningCLI.subcommands().items() if k in ("fit", "validate")}
+
+    def add_core_arguments_to_parser(self, parser) -> None:
+        """As LightningCLI's, without the Trainer arguments that do not apply to this trainer (manual optimization
+        with per-policy clipping, no test/predict loop, our own per-rank prompt split) or that a user of it never
+        sets (:data:`TRAINER_HIDDEN`); those keep Lightning's defaults."""
+        parser.add_class_arguments(self.trainer_class, "trainer", fail_untyped=False, instantiate=False,
+                                   sub_configs=True, skip=set(TRAINER_HIDDEN))
+        parser.set_defaults({"trainer." + k: v for k, v in self.trainer_defaults.items() if k != "callbacks"})
+        parser.add_lightning_class_args(self._model_class, "model", subclass_mode=self.subclass_mode_model)
+        parser.add_lightning_class_args(self._datamodule_class, "data", subclass_mode=self.subclass_mode_data)
 
     def __init__(self, *args, **kwargs):
         kwargs["auto_configure_optimizers"] = False  # per-policy optimizers: configure_optimizers is the module's

@@ -1,7 +1,8 @@
 """Rollouts with vLLM (GPU): one ``vllm.LLM`` per policy, same records as the HF engine, verified weight sync.
 
-Imported lazily (``rollout_engine: vllm``); this module imports without vllm and the engine raises an
-``ImportError`` naming ``pip install "mutual-rl[vllm]"`` when vllm is missing.
+This module imports without vllm (``mutual_rl.rollout`` imports it so that ``class_path: VLLMRolloutEngine``
+resolves); vllm itself is imported when an engine is built, which raises an ``ImportError`` naming
+``pip install "mutual-rl[vllm]"`` when vllm is missing.
 
 What is implemented:
 
