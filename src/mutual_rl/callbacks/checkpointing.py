@@ -27,6 +27,8 @@ from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from mutual_rl.durable import fsync_dir
+
 # Special values of ``--ckpt_path`` that Lightning resolves itself.
 _SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
 
@@ -54,21 +56,9 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (a no-op where directories cannot be opened, e.g. Windows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def is_special_ckpt_path(path: str | os.PathLike) -> bool:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from mutual_rl.durable import fsync_dir
 from mutual_rl.exchange.records import (
     RECORD_KINDS,
     AdvantageRecord,
@@ -133,21 +134,10 @@ def write_step(store_dir: str | os.PathLike, step: int, records: Sequence[Record
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:  # e.g. platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------------- reading
