@@ -18,7 +18,6 @@ from typing import Literal
 
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from mutual_rl.distributed import (
@@ -37,10 +36,12 @@ from mutual_rl.policies.spec import PolicySpec
 from mutual_rl.policies.update import STEP_METRICS, GRPOConfig, update_policy
 from mutual_rl.regimes import Regime, as_regime, regime_name
 from mutual_rl.regimes.crossing import thl_residual
+from mutual_rl.resume import apply_optimizer_settings, match_policies_by_name
 from mutual_rl.rewards import RewardError, get_reward
 from mutual_rl.rollout import RolloutEngine, get_engine
+from mutual_rl.step_metrics import mark_untrained, warn_on_collapse
 from mutual_rl.strategies import full_params, has_activation_checkpointing
-from mutual_rl.threads import configure_threads
+from mutual_rl.threads import check_num_threads, configure_threads
 from mutual_rl.types import PromptBatch, ScoredGroup
 from mutual_rl.warnings_filters import ignore_inapplicable_warnings
 
@@ -145,8 +146,7 @@ class MutualRLModule(LightningModule):
         if thl_residual_every_n_steps < 0:
             raise ValueError(f"model.thl_residual_every_n_steps must be >= 0 (0 = never), got {thl_residual_every_n_steps}.")
         self.thl_residual_every_n_steps = int(thl_residual_every_n_steps)
-        if num_threads is not None and num_threads < 1:
-            raise ValueError(f"model.num_threads must be >= 1 (got {num_threads}), or null for the default.")
+        check_num_threads(num_threads)
         self.num_threads = num_threads
         self.prompts_truncated: dict[str, int] = {}  # policy -> prompts cut to fit its context (prompt_overflow)
 
@@ -177,31 +177,17 @@ class MutualRLModule(LightningModule):
         """One AdamW per policy, in ``model.policies`` order, with that policy's ``optimizer`` settings.
 
         Resuming restores each AdamW's state *and* its checkpointed settings; a post-load hook then puts back the
-        configured ``lr``, ``betas``, ``weight_decay`` and ``eps`` (:meth:`_apply_optimizer_settings`).
+        configured ``lr``, ``betas``, ``weight_decay`` and ``eps`` (:func:`mutual_rl.resume.apply_optimizer_settings`).
         """
         opts = []
         for spec in self.specs:
             params = [p for p in self.policies[spec.name].parameters() if p.requires_grad]
             o = spec.optimizer
             opt = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, eps=o.eps)
-            opt.register_load_state_dict_post_hook(lambda optimizer, spec=spec: self._apply_optimizer_settings(
-                spec, optimizer))
+            opt.register_load_state_dict_post_hook(
+                lambda optimizer, spec=spec: apply_optimizer_settings(spec, optimizer, self.print))
             opts.append(opt)
         return opts
-
-    def _apply_optimizer_settings(self, spec: PolicySpec, optimizer: torch.optim.Optimizer) -> None:
-        """After an optimizer state is loaded: the configured settings of ``spec.optimizer`` replace the
-        checkpoint's in every param group, with a printed note per changed setting (policy, setting, old -> new)."""
-        o = spec.optimizer
-        wanted = {"lr": o.lr, "betas": tuple(o.betas), "weight_decay": o.weight_decay, "eps": o.eps}
-        for key, new in wanted.items():
-            olds = {tuple(g[key]) if key == "betas" else g[key] for g in optimizer.param_groups}
-            if olds != {new}:
-                old = ", ".join(map(str, sorted(olds)))
-                self.print(f"Resume: policy {spec.name!r} optimizer.{key} {old} -> {new} (from the config; the "
-                           "checkpoint's optimizer state is kept).")
-                for g in optimizer.param_groups:
-                    g[key] = new
 
     @property
     def exchange(self):
@@ -295,8 +281,9 @@ class MutualRLModule(LightningModule):
         # and reward-timeout counts are global totals, everything else per-rank means (refused steps are agreed) (per-policy token counts: per rank, see ResourceAllocation)
         metrics = mean_over_ranks(metrics, sum_prefixes=("exchange/",),
                                   sum_suffixes=("/reward_errors", "/reward_timeouts"))
-        self._mark_untrained(metrics)  # after the reduction: NaN only where no rank trained a token
-        self._warn_on_collapse(metrics, step)
+        for seen in self._per_token_seen.values():  # after the reduction: NaN only where no rank trained a token
+            mark_untrained(metrics, seen)
+        warn_on_collapse(metrics, self.specs, step, self._collapse_warned)
         self._advance_step_counter()
         dm = self._datamodule()
         if dm is not None and hasattr(dm, "mark_consumed"):
@@ -306,36 +293,6 @@ class MutualRLModule(LightningModule):
                  batch_size=len(batch.problems))
         self._log_histograms(hists, step)
         self._maybe_log_samples(groups, batch, step)
-
-    def _mark_untrained(self, metrics: dict[str, float]) -> None:
-        """Every per-token metric of the update (token-weighted means: ``entropy``, ``clip_frac_*``,
-        ``self/...``, ``peer/...``, ``kl``, ...) that a policy logged before but no rank logged this step (no token
-        of it trained: every row skipped, or only some rows' kind present) is logged as NaN, so a dashboard shows
-        a gap instead of repeating the last value (Lightning keeps the last logged value of a key in
-        ``callback_metrics`` and the progress bar)."""
-        for keys in self._per_token_seen.values():
-            for key in keys:
-                if key not in metrics:
-                    metrics[key] = float("nan")
-
-    def _warn_on_collapse(self, metrics: dict[str, float], step: int) -> None:
-        """Warn (once per policy) when a policy collapses: no reward and no response ending on EOS, or entropy ~0."""
-        warned = self._collapse_warned
-        for spec in self.specs:
-            name = spec.name
-            reward, eos = metrics.get(f"{name}/reward"), metrics.get(f"{name}/eos_frac")
-            entropy = metrics.get(f"{name}/entropy")
-            why = None
-            if step > 0 and reward == 0.0 and eos == 0.0:
-                why = "reward 0 and no response ends on EOS"
-            elif entropy is not None and entropy == entropy and entropy < 1e-3:
-                why = f"token entropy {entropy:.2g}"
-            if why and name not in warned:
-                warned.add(name)
-                rank_zero_warn(
-                    f"policy {name!r} looks collapsed at step {step}: {why}. Typical causes: a learning rate too "
-                    f"high (optimizer.lr = {spec.optimizer.lr:g}), a reward that never fires, max_new_tokens too "
-                    "small for the answer; check the sample completions.")
 
     def _rollout_and_score(self, spec: PolicySpec, batch: PromptBatch, step: int):
         """This step's scored groups of one policy and their metrics."""
@@ -434,7 +391,11 @@ class MutualRLModule(LightningModule):
             raise ValueError(f"checkpoint {self._ckpt_label()} is not a mutual-rl checkpoint (no 'mutual_rl' state): "
                              "give a checkpoint written by mutual-rl fit, or omit ckpt_path.")
         state = checkpoint["mutual_rl"]
-        self._match_policies_by_name(checkpoint, list(state.get("policies") or state.get("versions", {})))
+        strategy = self.trainer.strategy if self._trainer is not None else None
+        match_policies_by_name(
+            checkpoint, list(state.get("policies") or state.get("versions", {})), [s.name for s in self.specs],
+            self._ckpt_label(),
+            type(strategy).__name__ if strategy is not None and strategy.restore_checkpoint_after_setup else None)
         rank, world = rank_and_world()
         per_rank = state.get("rng_per_rank") or [state.get("rng")]
         if len(per_rank) == world:
@@ -452,38 +413,6 @@ class MutualRLModule(LightningModule):
     def _ckpt_label(self) -> str:
         path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
         return repr(str(path)) if path else "(given)"
-
-    def _match_policies_by_name(self, checkpoint: dict, saved: list[str]) -> None:
-        """Check the checkpoint's policy names against ``model.policies`` and put ``optimizer_states`` in
-        ``model.policies`` order (:meth:`on_load_checkpoint`)."""
-        current = [spec.name for spec in self.specs]
-        if sorted(saved) != sorted(current):
-            only_ckpt = [n for n in saved if n not in current]
-            only_cfg = [n for n in current if n not in saved]
-            raise ValueError(
-                f"checkpoint {self._ckpt_label()} holds policies {saved} but model.policies lists {current} "
-                f"(only in the checkpoint: {only_ckpt}; only in the config: {only_cfg}). Policies are matched by "
-                "name on resume: list the checkpoint's policy names (any order), or start a new run without "
-                "ckpt_path."
-            )
-        states = checkpoint.get("optimizer_states")
-        if saved == current:
-            return
-        # checked before looking at optimizer_states: a sharded checkpoint has none here, FSDP loaded them already
-        if self._trainer is not None and self.trainer.strategy.restore_checkpoint_after_setup:
-            # FSDP loads optimizer states by position inside strategy.load_checkpoint, before this hook
-            raise ValueError(
-                f"checkpoint {self._ckpt_label()} lists policies {saved}, model.policies lists {current}: with "
-                f"{type(self.trainer.strategy).__name__} optimizer states are restored by position, so list "
-                f"model.policies in the checkpoint's order {saved}."
-            )
-        if not states:
-            return
-        if len(states) != len(saved):
-            raise ValueError(f"checkpoint {self._ckpt_label()} holds {len(states)} optimizer states for policies "
-                             f"{saved}: it was not written by this version of mutual-rl; resume without reordering.")
-        by_name = dict(zip(saved, states))
-        checkpoint["optimizer_states"] = [by_name[name] for name in current]
 
     def setup(self, stage: str) -> None:
         """Before fit: a sharing regime (one that reads peers' records: every built-in regime but ``none``) needs a

@@ -34,11 +34,16 @@ def default_threads() -> int:
     return max(1, min(torch.get_num_threads(), available_cores() // local))
 
 
-def configure_threads(num_threads: int | None) -> int:
-    """Set torch's intra-op thread count by the rule above; returns the count now in force."""
+def check_num_threads(num_threads: int | None) -> None:
+    """``model.num_threads`` must be ``None`` or at least 1 (one error naming the setting otherwise)."""
     if num_threads is not None and num_threads < 1:
         raise ValueError(f"model.num_threads must be >= 1 (got {num_threads}), or null for the default "
                          f"(at most the {available_cores()} cores this process may use).")
+
+
+def configure_threads(num_threads: int | None) -> int:
+    """Set torch's intra-op thread count by the rule above; returns the count now in force."""
+    check_num_threads(num_threads)
     n = num_threads if num_threads is not None else default_threads()
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)

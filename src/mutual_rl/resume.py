@@ -1,0 +1,59 @@
+"""Resuming with an edited config: policies matched by name, the configured optimizer settings applied.
+
+Pure functions of the checkpoint dict and the config, called from the module's checkpoint hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from mutual_rl.policies.spec import PolicySpec
+
+
+def apply_optimizer_settings(spec: PolicySpec, optimizer: torch.optim.Optimizer, note: Callable[[str], None]) -> None:
+    """After an optimizer state is loaded: the configured settings of ``spec.optimizer`` replace the checkpoint's
+    in every param group, with a ``note`` per changed setting (policy, setting, old -> new)."""
+    o = spec.optimizer
+    wanted = {"lr": o.lr, "betas": tuple(o.betas), "weight_decay": o.weight_decay, "eps": o.eps}
+    for key, new in wanted.items():
+        olds = {tuple(g[key]) if key == "betas" else g[key] for g in optimizer.param_groups}
+        if olds != {new}:
+            old = ", ".join(map(str, sorted(olds)))
+            note(f"Resume: policy {spec.name!r} optimizer.{key} {old} -> {new} (from the config; the checkpoint's "
+                 "optimizer state is kept).")
+            for g in optimizer.param_groups:
+                g[key] = new
+
+
+def match_policies_by_name(checkpoint: dict, saved: list[str], current: list[str], label: str,
+                           strategy_loads_by_position: str | None) -> None:
+    """Check the checkpoint's policy names against ``model.policies`` and put ``checkpoint["optimizer_states"]`` in
+    ``current`` order. ``strategy_loads_by_position``: the name of a strategy that has already restored the
+    optimizer states by position (FSDP restores after set-up), which makes a reorder an error instead."""
+    if sorted(saved) != sorted(current):
+        only_ckpt = [n for n in saved if n not in current]
+        only_cfg = [n for n in current if n not in saved]
+        raise ValueError(
+            f"checkpoint {label} holds policies {saved} but model.policies lists {current} (only in the checkpoint: "
+            f"{only_ckpt}; only in the config: {only_cfg}). Policies are matched by name on resume: list the "
+            "checkpoint's policy names (any order), or start a new run without ckpt_path."
+        )
+    if saved == current:
+        return
+    # checked before looking at optimizer_states: a sharded checkpoint has none here, FSDP loaded them already
+    if strategy_loads_by_position is not None:
+        raise ValueError(
+            f"checkpoint {label} lists policies {saved}, model.policies lists {current}: with "
+            f"{strategy_loads_by_position} optimizer states are restored by position, so list model.policies in the "
+            f"checkpoint's order {saved}."
+        )
+    states = checkpoint.get("optimizer_states")
+    if not states:
+        return
+    if len(states) != len(saved):
+        raise ValueError(f"checkpoint {label} holds {len(states)} optimizer states for policies {saved}: it was "
+                         "not written by this version of mutual-rl; resume without reordering.")
+    by_name = dict(zip(saved, states))
+    checkpoint["optimizer_states"] = [by_name[name] for name in current]

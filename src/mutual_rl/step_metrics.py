@@ -1,0 +1,39 @@
+"""Hygiene of the per-step training metrics: no stale values, and a warning when a policy collapses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from lightning.pytorch.utilities import rank_zero_warn
+
+from mutual_rl.policies.spec import PolicySpec
+
+
+def mark_untrained(metrics: dict[str, float], seen: Iterable[str]) -> None:
+    """Every per-token metric of the update in ``seen`` (token-weighted means: ``entropy``, ``clip_frac_*``,
+    ``self/...``, ``peer/...``, ``kl``, ...) that no rank logged this step (no token of that kind trained) is set
+    to NaN, so a dashboard shows a gap instead of repeating the last value (Lightning keeps the last logged value
+    of a key in ``callback_metrics`` and the progress bar)."""
+    for key in seen:
+        if key not in metrics:
+            metrics[key] = float("nan")
+
+
+def warn_on_collapse(metrics: dict[str, float], specs: Sequence[PolicySpec], step: int, warned: set[str]) -> None:
+    """Warn once per policy (``warned`` remembers) when it collapses: reward 0 with no response ending on EOS
+    (after step 0), or token entropy below 1e-3."""
+    for spec in specs:
+        name = spec.name
+        reward, eos = metrics.get(f"{name}/reward"), metrics.get(f"{name}/eos_frac")
+        entropy = metrics.get(f"{name}/entropy")
+        why = None
+        if step > 0 and reward == 0.0 and eos == 0.0:
+            why = "reward 0 and no response ends on EOS"
+        elif entropy is not None and entropy == entropy and entropy < 1e-3:
+            why = f"token entropy {entropy:.2g}"
+        if why and name not in warned:
+            warned.add(name)
+            rank_zero_warn(
+                f"policy {name!r} looks collapsed at step {step}: {why}. Typical causes: a learning rate too high "
+                f"(optimizer.lr = {spec.optimizer.lr:g}), a reward that never fires, max_new_tokens too small for the "
+                "answer; check the sample completions.")
