@@ -30,7 +30,9 @@ from mutual_rl.distributed import (
 )
 from mutual_rl.evaluation.validation import EvalConfig, Evaluator
 from mutual_rl.exchange import ExperienceExchange, trace_records
+from mutual_rl.policies.export import export_policies, step_folder
 from mutual_rl.policies.policy import build_policy
+from mutual_rl.policies.schedule import decay_end, set_lr
 from mutual_rl.policies.scoring import score_groups
 from mutual_rl.policies.spec import PolicySpec
 from mutual_rl.policies.update import STEP_METRICS, GRPOConfig, update_policy
@@ -39,8 +41,8 @@ from mutual_rl.regimes.crossing import thl_residual
 from mutual_rl.resume import apply_optimizer_settings, match_policies_by_name
 from mutual_rl.rewards import RewardError, get_reward
 from mutual_rl.rollout import RolloutEngine, get_engine
-from mutual_rl.step_metrics import mark_untrained, warn_on_collapse
-from mutual_rl.strategies import full_params, has_activation_checkpointing
+from mutual_rl.step_metrics import log_histograms, log_samples, mark_untrained, warn_on_collapse
+from mutual_rl.strategies import has_activation_checkpointing
 from mutual_rl.threads import check_num_threads, configure_threads
 from mutual_rl.types import PromptBatch, ScoredGroup
 from mutual_rl.warnings_filters import ignore_inapplicable_warnings
@@ -64,6 +66,7 @@ class MutualRLModule(LightningModule):
         prompt_overflow: Literal["error", "truncate"] = "error",
         thl_residual_every_n_steps: int = 10,
         num_threads: int | None = None,
+        export_every_n_steps: int = 0,
     ):
         """
         Args:
@@ -83,8 +86,10 @@ class MutualRLModule(LightningModule):
             log_samples_every_n_steps: write sample completions to TensorBoard this often (0 = never).
             eval_at_start: evaluate on the held-out split before the first training step (logged at step 0),
                 so every curve starts from the warm-started policies.
-            export_dir: where each policy is saved in Hugging Face format at the end of fit (default:
-                <log_dir>/export).
+            export_dir: where each policy is saved in Hugging Face format at the end of fit, as
+                <export_dir>/<policy> (default: <log_dir>/export).
+            export_every_n_steps: also export every this many training steps, to
+                <export_dir>/step-<NNNNNN>/<policy> (0 = only at the end of fit).
             cache_dir: cache root of the embedded tiny presets (default: $MUTUAL_RL_CACHE or
                 ~/.cache/mutual_rl).
             reward_timeout_s: seconds one reward call may take (registered and package.module:function
@@ -130,6 +135,10 @@ class MutualRLModule(LightningModule):
         self.log_samples_every_n_steps = log_samples_every_n_steps
         self.eval_at_start = eval_at_start
         self.export_dir, self.cache_dir = export_dir, cache_dir
+        if export_every_n_steps < 0:
+            raise ValueError(f"model.export_every_n_steps must be >= 0 (0 = only at the end of fit), got {export_every_n_steps}.")
+        self.export_every_n_steps = int(export_every_n_steps)
+        self._decay_ends: dict[str, int | None] = {}  # policy -> step its LR decay ends (policies/schedule.py)
         self.policies = nn.ModuleDict()
         self.engine = get_engine(rollout_engine) if isinstance(rollout_engine, str) else rollout_engine
         self._rng_to_restore = None
@@ -245,6 +254,7 @@ class MutualRLModule(LightningModule):
                               dropped={"over_budget": sum(len(g.rollouts) for g in gs)} if gs else {})
                 continue
             t0 = time.perf_counter()
+            metrics[f"{spec.name}/lr"] = set_lr(opt.optimizer, spec.optimizer, step, self._decay_ends.get(spec.name))
             delivered = ex.deliveries(spec.name)
             plan = self.regimes[spec.name].plan(policy, groups[spec.name], delivered,
                                                  self.algorithm.num_mini_batches)
@@ -291,8 +301,11 @@ class MutualRLModule(LightningModule):
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(batch.problems))
         self.log("reward", sum(metrics[f"{s.name}/reward"] for s in self.specs) / len(self.specs), prog_bar=True,
                  batch_size=len(batch.problems))
-        self._log_histograms(hists, step)
-        self._maybe_log_samples(groups, batch, step)
+        log_histograms(self.logger, hists, step)
+        log_samples(self.logger, groups, batch, step, self.log_samples_every_n_steps)
+        if self.export_every_n_steps and (step + 1) % self.export_every_n_steps == 0:
+            export_policies(self.policies, step_folder(self._export_root(), step + 1),
+                            write=self.trainer.is_global_zero)
 
     def _rollout_and_score(self, spec: PolicySpec, batch: PromptBatch, step: int):
         """This step's scored groups of one policy and their metrics."""
@@ -321,25 +334,6 @@ class MutualRLModule(LightningModule):
         progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
         progress.increment_ready()
         progress.increment_completed()
-
-    def _log_histograms(self, hists: dict[str, torch.Tensor], step: int) -> None:
-        exp = getattr(self.logger, "experiment", None)
-        if hists and hasattr(exp, "add_histogram"):
-            for tag, values in hists.items():
-                if values.numel():
-                    exp.add_histogram(tag, values, step)
-
-    def _maybe_log_samples(self, groups, batch: PromptBatch, step: int) -> None:
-        every = self.log_samples_every_n_steps
-        exp = getattr(self.logger, "experiment", None)
-        if not every or step % every or not hasattr(exp, "add_text"):
-            return
-        for name, gs in groups.items():
-            rows = ["| prompt | answer | response | reward |", "|---|---|---|---|"]
-            for problem, g in list(zip(batch.problems, gs))[:4]:
-                for r, rew in list(zip(g.rollouts, g.rewards.tolist()))[:2]:
-                    rows.append(f"| `{problem.problem}` | `{problem.answer}` | `{r.response_text!r}` | {rew:g} |")
-            exp.add_text(f"{name}/samples", "\n".join(rows), step)
 
     # ---------------------------------------------------------------------------------------- validation
     def on_validation_epoch_start(self) -> None:
@@ -438,6 +432,7 @@ class MutualRLModule(LightningModule):
             )
 
     def on_fit_start(self) -> None:
+        self._decay_ends = {s.name: decay_end(s.optimizer, self.trainer.max_steps, s.name) for s in self.specs}
         if rank_and_world()[1] > 1 and not all(lockstep_needed(p.model) for p in self.policies.values()):
             raise ValueError("training with several processes needs trainer.strategy MutualFSDPStrategy "
                              "(mutual_rl.strategies): each rank trains its own prompts, and only that strategy keeps "
@@ -482,10 +477,10 @@ class MutualRLModule(LightningModule):
         for logger in self.loggers:
             logger.log_metrics(flat, step=0)
 
+    def _export_root(self) -> Path:
+        return Path(self.export_dir) if self.export_dir else Path(self.trainer.log_dir or ".") / "export"
+
     def on_fit_end(self) -> None:
-        root = Path(self.export_dir) if self.export_dir else Path(self.trainer.log_dir or ".") / "export"
-        for name, policy in self.policies.items():
-            with full_params(policy.model):  # under FSDP every rank gathers; rank 0 writes
-                if self.trainer.is_global_zero:
-                    policy.export(root / name)
+        root = self._export_root()
+        export_policies(self.policies, root, write=self.trainer.is_global_zero)
         self.print(f"Exported {len(self.policies)} policies (Hugging Face format) to {root}")

@@ -9,14 +9,18 @@ from collections.abc import Callable
 
 import torch
 
+from mutual_rl.policies.schedule import is_scheduled
 from mutual_rl.policies.spec import PolicySpec
 
 
 def apply_optimizer_settings(spec: PolicySpec, optimizer: torch.optim.Optimizer, note: Callable[[str], None]) -> None:
     """After an optimizer state is loaded: the configured settings of ``spec.optimizer`` replace the checkpoint's
-    in every param group, with a ``note`` per changed setting (policy, setting, old -> new)."""
+    in every param group, with a ``note`` per changed setting (policy, setting, old -> new). A scheduled ``lr`` is
+    left alone: the next step sets its own."""
     o = spec.optimizer
     wanted = {"lr": o.lr, "betas": tuple(o.betas), "weight_decay": o.weight_decay, "eps": o.eps}
+    if is_scheduled(o):  # a warm-up or decay sets the step's lr before each update (policies/schedule.py)
+        del wanted["lr"]
     for key, new in wanted.items():
         olds = {tuple(g[key]) if key == "betas" else g[key] for g in optimizer.param_groups}
         if olds != {new}:

@@ -37,3 +37,26 @@ def warn_on_collapse(metrics: dict[str, float], specs: Sequence[PolicySpec], ste
                 f"policy {name!r} looks collapsed at step {step}: {why}. Typical causes: a learning rate too high "
                 f"(optimizer.lr = {spec.optimizer.lr:g}), a reward that never fires, max_new_tokens too small for the "
                 "answer; check the sample completions.")
+
+
+def log_histograms(logger, hists: dict, step: int) -> None:
+    """Each non-empty tensor of ``hists`` as a TensorBoard histogram (loggers without histograms: nothing)."""
+    exp = getattr(logger, "experiment", None)
+    if hists and hasattr(exp, "add_histogram"):
+        for tag, values in hists.items():
+            if values.numel():
+                exp.add_histogram(tag, values, step)
+
+
+def log_samples(logger, groups: dict, batch, step: int, every: int) -> None:
+    """Every ``every`` steps (0 = never), a TensorBoard text table per policy: 2 responses to each of the batch's
+    first 4 prompts, with their rewards."""
+    exp = getattr(logger, "experiment", None)
+    if not every or step % every or not hasattr(exp, "add_text"):
+        return
+    for name, gs in groups.items():
+        rows = ["| prompt | answer | response | reward |", "|---|---|---|---|"]
+        for problem, g in list(zip(batch.problems, gs))[:4]:
+            for r, rew in list(zip(g.rollouts, g.rewards.tolist()))[:2]:
+                rows.append(f"| `{problem.problem}` | `{problem.answer}` | `{r.response_text!r}` | {rew:g} |")
+        exp.add_text(f"{name}/samples", "\n".join(rows), step)

@@ -2,8 +2,9 @@
 
 Problem space of one operator: all ordered pairs ``(a, b)`` whose operands each have a digit count in
 ``digits`` (a 1-digit operand is 0..9, a d-digit one 10**(d-1)..10**d - 1); for ``"-"`` with
-``allow_negative=False`` only pairs with ``a >= b``. The text is compact, ``f"{a}{op}{b}="`` (what the tiny
-character-level policies learn, docs/calibration.md); the answer is ``str(a op b)``.
+``allow_negative=False`` only pairs with ``a >= b``. The text is compact by default, ``f"{a}{op}{b}="`` (what the
+tiny character-level policies learn, docs/calibration.md), or a question (``style``, below); the answer is
+``str(a op b)``.
 
 Splits, per operator (skill), deterministic from ``seed`` and independent of Python's hash seed:
 
@@ -15,7 +16,22 @@ Splits, per operator (skill), deterministic from ``seed`` and independent of Pyt
   pairs, so the default 10,000 per operator is capped to 7,700). Train and held-out share no problem text.
   The train list is shuffled across operators (rng ``"order:{seed}"``); held-out is ordered by operator.
 
-``prompt_id`` is derived from the content, so it is unique and stable across splits, seeds and sizes:
+Text styles (``style``; the pair, answer, skill, ``prompt_id`` and split membership do not depend on it):
+
+* ``"compact"`` (default): ``"12+34="``, ``"57-8="``, ``"6*7="``.
+* ``"question"``: a chat question, ``"What is 12 + 34?"``, ``"What is 57 - 8?"``, ``"What is 6 * 7?"`` (ASCII
+  ``*`` so that the character-level tiny tokenizer knows every character). The instruction on how to answer
+  belongs in each policy's ``prompt_template`` (each policy may phrase it its own way), e.g.
+  :data:`BOXED_TEMPLATE` ``"{problem} Put the final answer in \\boxed{}."`` with ``answer_format: boxed``, or
+  :data:`INTEGER_TEMPLATE` ``"{problem} Answer with only the number."`` with ``answer_format: integer``; set
+  ``chat_template: true`` on policies whose tokenizer has a chat template.
+
+``default_reward``: ``integer_match`` for ``answer_format: integer`` (the completion must be the bare integer);
+for ``boxed``: ``boxed_integer_match`` in compact style (the box must hold exactly ``-?[0-9]+``) and
+``math_verify`` in question style (what chat models write: ``"12 + 34 = 46, so \\boxed{46}"``, ``\\boxed{46.0}``
+and ``\\boxed{\\$46}`` score 1; ``\\boxed{45}`` scores 0; a completion without a box is judged on its last number).
+
+``prompt_id`` is derived from the content, so it is unique and stable across splits, seeds, sizes and styles:
 ``OPERATOR_CODES[op] * 10**8 + a * 10**4 + b`` (1xxxxxxxx for ``+``, 2... for ``-``, 3... for ``*``; below
 4 * 10**8). Problems loaded from files (``data.files``) number rows from their ``id_offset``; give them an
 offset of at least 10**9 to mix them with this task.
@@ -28,7 +44,7 @@ import math
 import operator as _op
 import random
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +53,26 @@ SKILLS: dict[str, str] = {"+": "add", "-": "sub", "*": "mul"}
 OPERATOR_CODES: dict[str, int] = {"+": 1, "-": 2, "*": 3}
 _APPLY = {"+": _op.add, "-": _op.sub, "*": _op.mul}
 MAX_DIGITS = 4
+STYLES = ("compact", "question")
+BOXED_TEMPLATE = "{problem} Put the final answer in \\boxed{}."
+"""Recommended ``prompt_template`` for question-style problems with ``answer_format: boxed``."""
+INTEGER_TEMPLATE = "{problem} Answer with only the number."
+"""Recommended ``prompt_template`` for question-style problems with ``answer_format: integer``."""
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One prompt: ``problem`` text, gold ``answer`` text, and the ``skill`` it exercises (may be ``""``)."""
+    """One prompt: ``problem`` text, gold ``answer`` text, and the ``skill`` it exercises (may be ``""``).
+
+    ``columns``: the other fields of the dataset row it came from (name -> value), which TRL-style rewards get as
+    keyword arguments; ``None`` for generated tasks. Not part of equality or the hash.
+    """
 
     prompt_id: int
     problem: str
     answer: str
     skill: str = ""
+    columns: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
 
 def _operands(digits: list[int]) -> list[int]:
@@ -58,7 +84,11 @@ def _operands(digits: list[int]) -> list[int]:
 
 @dataclass
 class ArithmeticTask:
-    """Built-in verifiable task: integer arithmetic with exact integer answers (module docstring)."""
+    """Built-in verifiable task: integer arithmetic with exact integer answers (module docstring).
+
+    For chat models: ``ArithmeticTask(style="question", answer_format="boxed")`` (reward ``math_verify``) with
+    ``prompt_template: "{problem} Put the final answer in \\boxed{}."`` and ``chat_template: true`` per policy.
+    """
 
     operators: list[str] = field(default_factory=lambda: ["+", "-"])
     """Operators, one skill each; supported: "+", "-", "*"."""
@@ -74,6 +104,8 @@ class ArithmeticTask:
     """Expected completion: "integer" ("46") or "boxed" ("\\boxed{46}"); the answer string is "46" either way."""
     allow_negative: bool = False
     """For "-": allow a < b (negative answers); if False only a >= b."""
+    style: Literal["compact", "question"] = "compact"
+    """Problem text: "compact" ("12+34=") or "question" ("What is 12 + 34?"); same problems and ids either way."""
 
     def __post_init__(self) -> None:
         if not self.operators:
@@ -95,6 +127,9 @@ class ArithmeticTask:
             )
         if self.answer_format not in ("integer", "boxed"):
             raise ValueError(f"answer_format must be 'integer' or 'boxed', got {self.answer_format!r}")
+        if self.style not in STYLES:
+            raise ValueError(f"ArithmeticTask.style must be 'compact' (\"12+34=\") or 'question' "
+                             f"(\"What is 12 + 34?\"), got {self.style!r}")
         self._values = _operands(self._digits)
         for o in self.operators:
             size = self.space_size(o)
@@ -112,8 +147,11 @@ class ArithmeticTask:
 
     @property
     def default_reward(self) -> str:
-        """Registered reward matching ``answer_format``: "integer_match" or "boxed_integer_match"."""
-        return "integer_match" if self.answer_format == "integer" else "boxed_integer_match"
+        """Registered reward for ``answer_format`` and ``style``: "integer_match" (integer), "boxed_integer_match"
+        (boxed, compact) or "math_verify" (boxed, question); see the module docstring."""
+        if self.answer_format == "integer":
+            return "integer_match"
+        return "boxed_integer_match" if self.style == "compact" else "math_verify"
 
     def space_size(self, op: str) -> int:
         """Number of distinct problems of operator ``op``."""
@@ -130,7 +168,8 @@ class ArithmeticTask:
     def _problem(self, op: str, index: int) -> Problem:
         a, b = self._pair(op, index)
         pid = OPERATOR_CODES[op] * 10**8 + a * 10**4 + b
-        return Problem(pid, f"{a}{op}{b}=", str(_APPLY[op](a, b)), SKILLS[op])
+        text = f"{a}{op}{b}=" if self.style == "compact" else f"What is {a} {op} {b}?"
+        return Problem(pid, text, str(_APPLY[op](a, b)), SKILLS[op])
 
     def _split(self, op: str) -> tuple[list[Problem], list[Problem]]:
         size = self.space_size(op)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import Literal
 
 from mutual_rl.regimes.base import Regime
 
@@ -48,17 +49,35 @@ class OptimizerSpec:
     """AdamW settings of one policy (defaults: GRAFT Table 3, except lr for tiny presets)."""
 
     lr: float = 1e-6
-    """Learning rate (constant). Tiny CPU presets need 5e-5 .. 1e-4 (docs/calibration.md)."""
+    """Peak learning rate (the constant one without a schedule). Tiny CPU presets need 5e-5 .. 1e-4
+    (docs/calibration.md)."""
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = 0.01
     eps: float = 1e-8
     grad_clip: float = 1.0
     """Max global grad norm per optimizer step (0 = off)."""
+    warmup_steps: int = 0
+    """Linear warm-up over this many training steps: step s (0-based) trains at lr * (s + 1) / warmup_steps."""
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """After warm-up: constant lr, or a cosine / linear decay from lr to lr * min_lr_ratio at decay_steps."""
+    decay_steps: int | None = None
+    """Training step at which the decay reaches its floor (default: trainer.max_steps)."""
+    min_lr_ratio: float = 0.0
+    """Floor of the decay, as a fraction of lr."""
 
     def __post_init__(self):
         if self.lr <= 0:
             raise ValueError(f"optimizer.lr must be > 0 (got {self.lr}).")
         self.betas = tuple(self.betas)
+        if self.warmup_steps < 0:
+            raise ValueError(f"optimizer.warmup_steps must be >= 0 (got {self.warmup_steps}).")
+        if self.schedule not in ("constant", "cosine", "linear"):
+            raise ValueError(f"optimizer.schedule must be constant, cosine or linear (got {self.schedule!r}).")
+        if self.decay_steps is not None and self.decay_steps <= self.warmup_steps:
+            raise ValueError(f"optimizer.decay_steps ({self.decay_steps}) must be > warmup_steps "
+                             f"({self.warmup_steps}): the decay runs between the two.")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"optimizer.min_lr_ratio must be in [0, 1] (got {self.min_lr_ratio}).")
 
 
 @dataclass
