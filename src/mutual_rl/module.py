@@ -39,7 +39,7 @@ from mutual_rl.policies.update import STEP_METRICS, GRPOConfig, update_policy
 from mutual_rl.regimes import Regime, as_regime, regime_name
 from mutual_rl.regimes.crossing import thl_residual
 from mutual_rl.resume import apply_optimizer_settings, match_policies_by_name
-from mutual_rl.rewards import RewardError, get_reward
+from mutual_rl.rewards import RewardError, RewardTerm, build_reward
 from mutual_rl.rollout import RolloutEngine, get_engine
 from mutual_rl.step_metrics import log_histograms, log_samples, mark_untrained, warn_on_collapse
 from mutual_rl.strategies import has_activation_checkpointing
@@ -54,7 +54,7 @@ class MutualRLModule(LightningModule):
         policies: list[PolicySpec],
         algorithm: GRPOConfig = GRPOConfig(),  # noqa: B008 (read-only default; shows in --help)
         regime: Regime | str = "none",
-        reward: str | None = None,
+        reward: str | list[RewardTerm] | None = None,
         evaluation: EvalConfig = EvalConfig(),  # noqa: B008
         rollout_engine: RolloutEngine | str = "hf",
         log_samples_every_n_steps: int = 50,
@@ -78,7 +78,8 @@ class MutualRLModule(LightningModule):
                 init_args: {coef: 0.3}}; or a registered name with default arguments (none, xgrpo, prp, sgt,
                 graft, hacpo). Each receiver gets its own copy. See --model.regime.help SGT for one regime's
                 arguments.
-            reward: registered reward name (default: the built-in task's, integer_match).
+            reward: registered name or package.module:function (default: the task's), or a weighted list of terms,
+                e.g. [{fn: math_verify, weight: 1.0}, {fn: boxed_format, weight: 0.2}] (mutual_rl.rewards.combined).
             evaluation: held-out evaluation settings (validation loop and mutual-rl validate).
             rollout_engine: how rollouts are sampled, as class_path HFRolloutEngine (Hugging Face generate,
                 CPU/GPU) or VLLMRolloutEngine (GPU; pip install mutual-rl[vllm]) with init_args; or the name hf
@@ -169,7 +170,6 @@ class MutualRLModule(LightningModule):
                 spec, task=task, cache_dir=self.cache_dir, needs_reference=self.algorithm.kl_coef > 0
             )
         from mutual_rl.data.prompt_length import check_prompt_lengths
-        from mutual_rl.rewards.guard import GuardedReward
 
         dm = self._datamodule()
         if hasattr(dm, "train_problems"):  # every prompt fits every policy's context, or is truncated
@@ -178,8 +178,7 @@ class MutualRLModule(LightningModule):
                 eval_max_new_tokens=self.evaluation.max_new_tokens,
                 val_problems=list(dm.val_problems()) if hasattr(dm, "val_problems") else [])
         name = self.reward_name or getattr(task, "default_reward", "integer_match")
-        self.reward_fn = GuardedReward(get_reward(name), name, timeout_s=self.reward_timeout_s,
-                                       errors=self.reward_errors)
+        self.reward_fn = build_reward(name, timeout_s=self.reward_timeout_s, errors=self.reward_errors)
         self.evaluator = Evaluator(self.evaluation, self.reward_fn, self.engine)
 
     def configure_optimizers(self):

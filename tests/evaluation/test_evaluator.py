@@ -54,6 +54,7 @@ def test_scripted_metrics(monkeypatch):
     assert a["maj@4"] == 0.5  # add: "5" wins (2 votes, "" does not vote); sub: "4" wins
     assert b["maj@4"] == 0.25  # add: 6/7 tie, both wrong; sub: "3" (incl. \boxed{3}) ties "4" -> 0.5
     assert a["greedy"] == 0.5 and b["greedy"] == 1.0
+    assert a["boxed_rate"] == 0.0 and b["boxed_rate"] == 0.125 and b["boxed_rate/sub"] == 0.25  # one \boxed{3} of 4
     assert a["num_problems"] == 2 and a["num_problems/add"] == 1
     assert a["pass@1/add"] == 0.5 and a["pass@1/sub"] == 0.25
     assert a["maj@4/add"] == 1.0 and a["maj@4/sub"] == 0.0 and b["maj@4/sub"] == 0.5
@@ -68,7 +69,7 @@ def test_no_skills_no_breakdown_and_greedy_off():
     ev.start(0)
     ev.add(fake_policy("A"), [Problem(1, "2+3=", "5")])
     out = ev.finish()["A"]
-    assert set(out) == {"pass@1", "pass@4", "maj@4", "num_problems"}
+    assert set(out) == {"pass@1", "pass@4", "maj@4", "boxed_rate", "num_problems"}
     assert ev.complementarity() == {}
 
 

@@ -1,4 +1,11 @@
-"""Prompts for training and held-out evaluation, from the built-in task or from JSONL/Parquet files.
+"""Prompts for training and held-out evaluation: the built-in task, JSONL/Parquet files, or Hugging Face datasets.
+
+Per split, one source: ``train_files`` or ``train_dataset`` (else the task's train split), ``val_files`` or
+``val_dataset`` (else the task's held-out split, or none when the training prompts come from files or a dataset).
+Giving both a files list and a dataset for one split is an error. Rows of files and datasets follow the rules of
+:mod:`mutual_rl.data.files` and :mod:`mutual_rl.data.hf_datasets` (one column mapping, ``problem_key`` /
+``answer_key`` / ``skill_key`` / ``answer_regex``, for every source); training rows are numbered from 10**9,
+held-out rows from 2 * 10**9.
 
 Training draws an endless, seeded stream of prompt batches: epoch ``e`` is a permutation of the training problems
 (seed ``(seed, e)``), batch ``i`` is the ``i``-th slice of ``batch_size * world_size`` across epoch boundaries,
@@ -17,8 +24,10 @@ from collections.abc import Iterator
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, IterableDataset
 
-from mutual_rl.data.files import load_problems
+from mutual_rl.data.files import compile_answer_regex, load_problems
+from mutual_rl.data.hf_datasets import HFDataset, as_hf_dataset, load_dataset_problems
 from mutual_rl.data.task import ArithmeticTask, Problem
+from mutual_rl.data.word_problems import WordProblemTask
 from mutual_rl.types import PromptBatch
 
 
@@ -54,12 +63,15 @@ class _Batches(IterableDataset):
 class PromptDataModule(LightningDataModule):
     def __init__(
         self,
-        task: ArithmeticTask | None = None,
+        task: ArithmeticTask | WordProblemTask | None = None,
         train_files: list[str] | None = None,
         val_files: list[str] | None = None,
+        train_dataset: HFDataset | None = None,
+        val_dataset: HFDataset | None = None,
         problem_key: str = "problem",
         answer_key: str = "answer",
         skill_key: str | None = None,
+        answer_regex: str = "",
         batch_size: int = 16,
         val_batch_size: int = 256,
         val_per_skill: int | None = None,
@@ -67,14 +79,19 @@ class PromptDataModule(LightningDataModule):
     ):
         """
         Args:
-            task: the built-in arithmetic task (used when no train_files are given; default settings if
-                omitted).
+            task: a built-in task, ArithmeticTask or WordProblemTask (used when no train_files or train_dataset are given; default
+                settings if omitted).
             train_files: JSONL/Parquet prompt files (fields problem/answer, names configurable); when
                 given they replace the task's train split.
             val_files: held-out prompt files; default: the task's held-out split.
-            problem_key: field holding the problem text in the files.
-            answer_key: field holding the gold answer in the files.
+            train_dataset: training prompts from Hugging Face datasets instead of train_files, e.g. {path:
+                openai/gsm8k, name: main, split: train}.
+            val_dataset: held-out prompts from Hugging Face datasets instead of val_files.
+            problem_key: field holding the problem text in the files and datasets.
+            answer_key: field holding the gold answer in the files and datasets.
             skill_key: optional field naming the skill (evaluation reports pass@1 per skill).
+            answer_regex: if set, the answer is this pattern's first group in the answer field (GSM8K:
+                '####\\s*(.+)').
             batch_size: prompts per training step.
             val_batch_size: prompts per evaluation batch.
             val_per_skill: evaluate on at most this many held-out prompts per skill (default: all).
@@ -85,9 +102,17 @@ class PromptDataModule(LightningDataModule):
             raise ValueError(f"data.batch_size must be >= 1 (got {batch_size}).")
         if val_batch_size < 1:
             raise ValueError(f"data.val_batch_size must be >= 1 (got {val_batch_size}).")
-        self.task = task if task is not None or train_files else ArithmeticTask()
+        for split, files, dataset in (("train", train_files, train_dataset), ("val", val_files, val_dataset)):
+            if files and dataset is not None:
+                raise ValueError(f"data.{split}_files and data.{split}_dataset are both given: choose one source "
+                                 f"for the {split} prompts.")
+        self.train_dataset = as_hf_dataset(train_dataset) if train_dataset is not None else None
+        self.val_dataset = as_hf_dataset(val_dataset) if val_dataset is not None else None
+        own_train = bool(train_files) or self.train_dataset is not None
+        self.task = task if task is not None or own_train else ArithmeticTask()
         self.train_files, self.val_files = list(train_files or []), list(val_files or [])
-        self.keys = {"problem_key": problem_key, "answer_key": answer_key, "skill_key": skill_key}
+        self.keys = {"problem_key": problem_key, "answer_key": answer_key, "skill_key": skill_key,
+                     "answer_regex": compile_answer_regex(answer_regex or None)}
         self.batch_size, self.val_batch_size, self.val_per_skill = batch_size, val_batch_size, val_per_skill
         self.seed = seed
         self.next_batch = 0
@@ -98,17 +123,23 @@ class PromptDataModule(LightningDataModule):
     # ----------------------------------------------------------------------------------------------- problems
     def train_problems(self) -> list[Problem]:
         if self._train is None:
-            if self.train_files:
+            if self.train_dataset is not None:
+                self._train = load_dataset_problems(self.train_dataset, id_offset=10**9, label="data.train_dataset",
+                                                    **self.keys)
+            elif self.train_files:
                 self._train = self._load(self.train_files, 10**9)
             else:
                 self._train = self.task.train_problems()
             if not self._train:
-                raise ValueError("the training set is empty; check data.task or data.train_files.")
+                raise ValueError("the training set is empty; check data.task, data.train_files or data.train_dataset.")
         return self._train
 
     def val_problems(self) -> list[Problem]:
         if self._val is None:
-            if self.val_files:
+            if self.val_dataset is not None:
+                val = load_dataset_problems(self.val_dataset, id_offset=2 * 10**9, label="data.val_dataset",
+                                            **self.keys)
+            elif self.val_files:
                 val = self._load(self.val_files, 2 * 10**9)
             elif self.task is not None:
                 val = self.task.heldout_problems()

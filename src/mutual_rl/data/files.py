@@ -13,16 +13,24 @@ JSON and JSONL files must be UTF-8 (a leading byte-order mark is allowed and dro
 raise ``ValueError`` naming the file, the line and the byte position in that line of the first bad byte.
 
 Each row must be an object with a non-empty string ``problem_key`` field and a non-empty ``answer_key`` field
-(a string, or a number converted with ``str``; a float with an integer value such as ``46.0`` becomes
-``"46"``); with ``skill_key`` set, that field must be present and non-null too (converted with ``str``).
+(a string, or a finite number converted with ``str``; a float with an integer value such as ``46.0`` becomes
+``"46"``; booleans, NaN and infinities are invalid); with ``skill_key`` set, that field must be present and
+non-null too (converted with ``str``). With ``answer_regex``, the answer is the first group (the whole match if
+the pattern has no group) of the pattern's first match (``re.search``) in that text, stripped: ``"####\\s*(.+)"``
+turns GSM8K's ``"... #### 72"`` into ``"72"``; a row it does not match, or that leaves nothing, is invalid.
 Anything else raises one ``ValueError`` naming the file, the row, the problem and the keys present.
-``prompt_id = id_offset + i`` for the i-th loaded row (0-based, blank lines not counted).
+``prompt_id = id_offset + i`` for the i-th loaded row (0-based, blank lines not counted). Every other field of the
+row (all but ``problem_key`` and ``answer_key``) is kept, unchanged, in ``Problem.columns`` (what TRL-style rewards
+get as keyword lists; :mod:`mutual_rl.rewards.trl_style`). The same row rules apply to Hugging Face datasets
+(:mod:`mutual_rl.data.hf_datasets`).
 """
 
 from __future__ import annotations
 
 import codecs
 import json
+import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,10 +90,65 @@ def _answer_text(value: Any) -> str | None:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
         return str(int(value)) if value.is_integer() else repr(value)
     if isinstance(value, str) and value.strip():
         return value
     return None
+
+
+def compile_answer_regex(pattern: str | re.Pattern | None) -> re.Pattern | None:
+    """``pattern`` compiled (``None`` stays ``None``); an invalid pattern raises ``ValueError`` naming
+    ``data.answer_regex``."""
+    if pattern is None or isinstance(pattern, re.Pattern):
+        return pattern
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"data.answer_regex {pattern!r} is not a valid regular expression ({exc}); give a Python "
+                         "pattern whose first group is the answer, e.g. '####\\s*(.+)' for GSM8K") from None
+
+
+def _extract(regex: re.Pattern, text: str) -> str | None:
+    m = regex.search(text)
+    if m is None:
+        return None
+    found = (m.group(1) if regex.groups else m.group(0)) or ""
+    return found.strip() or None
+
+
+def row_problem(
+    row: Any, *, prompt_id: int, where: str, problem_key: str = "problem", answer_key: str = "answer",
+    skill_key: str | None = None, answer_regex: str | re.Pattern | None = None,
+) -> Problem:
+    """One row (a dict) as a :class:`Problem` by the module docstring's rules; ``where`` (e.g. ``"data.jsonl: line
+    3"``) starts every error message."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{where} is a {type(row).__name__}, expected a JSON object")
+    regex = compile_answer_regex(answer_regex)
+    problem = row.get(problem_key)
+    answer = _answer_text(row.get(answer_key))
+    if answer is not None and regex is not None:
+        extracted = _extract(regex, answer)
+        if extracted is None:
+            raise ValueError(f"{where}: data.answer_regex {regex.pattern!r} finds no answer in {answer_key!r} = "
+                             f"{answer[:200]!r}; fix the row, or the pattern (its first group is the answer)")
+        answer = extracted
+    skill = row.get(skill_key) if skill_key is not None else ""
+    for key, ok in (
+        (problem_key, isinstance(problem, str) and problem.strip()),
+        (answer_key, answer is not None),
+        (skill_key, skill is not None),
+    ):
+        if not ok:
+            state = "missing" if key not in row else f"empty or invalid ({row[key]!r})"
+            raise ValueError(
+                f"{where}: key {key!r} is {state}; keys present: {sorted(row)}. "
+                f"Fix the row, or name the right column (problem_key=..., answer_key=..., skill_key=...)"
+            )
+    columns = {k: v for k, v in row.items() if k not in (problem_key, answer_key)}
+    return Problem(prompt_id, problem, answer, str(skill), columns)
 
 
 def load_problems(
@@ -94,6 +157,7 @@ def load_problems(
     answer_key: str = "answer",
     skill_key: str | None = None,
     id_offset: int = 0,
+    answer_regex: str | re.Pattern | None = None,
 ) -> list[Problem]:
     """Read ``path`` (JSONL / JSON / Parquet) into problems; see the module docstring for the exact rules."""
     path = Path(path)
@@ -104,25 +168,9 @@ def load_problems(
         )
     if not path.is_file():
         raise FileNotFoundError(f"prompt file not found: {path}")
+    regex = compile_answer_regex(answer_regex)
     rows = _iter_parquet(path) if ext == ".parquet" else _iter_json(path)
     where = "row" if ext != ".jsonl" else "line"
-    out: list[Problem] = []
-    for num, row in rows:
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}: {where} {num} is a {type(row).__name__}, expected a JSON object")
-        problem = row.get(problem_key)
-        answer = _answer_text(row.get(answer_key))
-        skill = row.get(skill_key) if skill_key is not None else ""
-        for key, ok in (
-            (problem_key, isinstance(problem, str) and problem.strip()),
-            (answer_key, answer is not None),
-            (skill_key, skill is not None),
-        ):
-            if not ok:
-                state = "missing" if key not in row else f"empty or invalid ({row[key]!r})"
-                raise ValueError(
-                    f"{path}: {where} {num}: key {key!r} is {state}; keys present: {sorted(row)}. "
-                    f"Fix the row, or name the right column (problem_key=..., answer_key=..., skill_key=...)"
-                )
-        out.append(Problem(id_offset + len(out), problem, answer, str(skill)))
-    return out
+    return [row_problem(row, prompt_id=id_offset + i, where=f"{path}: {where} {num}", problem_key=problem_key,
+                        answer_key=answer_key, skill_key=skill_key, answer_regex=regex)
+            for i, (num, row) in enumerate(rows)]

@@ -15,6 +15,9 @@ maj@k groups a problem's samples by their *extracted* answer, so the extraction 
   *Deviation*: math-verify's parse is symbolic, so two answers it would call equal but that are written
   differently (``1/2`` and ``0.5``) vote separately here; each sample's *verdict* is still math-verify's.
 * any other reward: the last closed ``\\boxed{...}`` if any, else the stripped completion (empty: no vote).
+
+A reward given as a weighted list of terms (:mod:`mutual_rl.rewards.combined`) uses its first term's rule: its
+``__name__`` is the first term's.
 """
 
 from __future__ import annotations

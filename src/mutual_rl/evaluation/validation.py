@@ -1,7 +1,8 @@
 """Held-out evaluation during fit and in ``mutual-rl validate``.
 
 Per policy and problem: ``k`` sampled responses (papers' protocol: temperature 0.6, top-p 0.95, k = 8) scored by
-the run's reward (correct iff reward > 0), plus, with ``greedy``, one greedy response. ``temperature: 0`` is greedy
+the run's reward (correct iff reward > 0; with a weighted list of terms, iff the *first* term's value is > 0 --
+:mod:`mutual_rl.rewards.combined`), plus, with ``greedy``, one greedy response. ``temperature: 0`` is greedy
 decoding: the k samples are the one greedy response (so pass@1 = pass@k = maj@k = greedy accuracy; decoded once
 and reused for ``greedy``). Metrics per policy, overall and per skill (``<metric>/<skill>``, skill ``""`` shown as
 ``other``; only when problems carry skills):
@@ -10,6 +11,8 @@ and reused for ``greedy``). Metrics per policy, overall and per skill (``<metric
 * ``maj@k``: majority vote over the answers extracted with the reward's own rule
   (:mod:`mutual_rl.evaluation.answers`; ties share credit, no-answer samples do not vote);
 * ``greedy``: accuracy of the greedy response (:mod:`mutual_rl.evaluation.greedy`);
+* ``boxed_rate``: the share of the k samples with exactly one closed ``\\boxed{...}`` (the ``boxed_format`` rule,
+  whatever the reward), mean over problems -- the format rate of chat tasks;
 * ``num_problems``.
 
 Across policies (:meth:`Evaluator.complementarity`, after :meth:`Evaluator.finish`): for every ordered pair
@@ -42,6 +45,8 @@ from mutual_rl.evaluation.metrics import (
 )
 from mutual_rl.policies.lockstep import reduction_device
 from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.rewards.combined import as_reward
+from mutual_rl.rewards.integer import boxed_format
 
 
 @dataclass
@@ -84,6 +89,7 @@ class ProblemResult:
     c: int
     maj: float
     greedy: float | None
+    boxed: float = 0.0  # fraction of the samples with exactly one closed \boxed{} (rewards.boxed_format)
 
 
 class Evaluator:
@@ -91,14 +97,16 @@ class Evaluator:
 
     Args:
         cfg: the protocol.
-        reward_fn: ``fn(completion, answer) -> float``; a sample is correct iff its reward is > 0.
+        reward_fn: the run's :class:`~mutual_rl.rewards.combined.Reward`, a guard, or a plain text-style
+            ``fn(completion, answer) -> float`` or TRL-style function (run without a time limit, results checked); a
+            sample is correct iff the (first term's) reward is > 0.
         engine: rollout engine (``generate(policy, problems, sampling, step=...)``).
         extract_answer: answer extraction for maj@k (default: the reward's own, by its name; see ``answers``).
     """
 
     def __init__(self, cfg: EvalConfig, reward_fn, engine, extract_answer=None):
-        self.cfg, self.reward_fn, self.engine = cfg, reward_fn, engine
-        self.extract_answer = extract_answer or answer_extractor(reward_fn)
+        self.cfg, self.reward_fn, self.engine = cfg, as_reward(reward_fn, timeout_s=None), engine
+        self.extract_answer = extract_answer or answer_extractor(self.reward_fn)
         self._results: dict[str, list[ProblemResult]] = defaultdict(list)
         self._devices: dict[str, torch.device] = {}
         self._complementarity: dict[str, float] = {}
@@ -133,15 +141,16 @@ class Evaluator:
             greedy = greedy_generate(policy, problems, max_new, self.cfg.greedy_batch_size)
         self._devices[policy.name] = policy.device
         for problem, texts, g in zip(problems, samples, greedy):
-            verdicts: dict[str, bool] = {}  # each distinct text scored once (greedy decoding: k copies of one)
-            for t in texts:
-                if t not in verdicts:
-                    verdicts[t] = self.reward_fn(t, problem.answer) > 0
+            # each distinct text scored once (greedy decoding: k copies of one), in one call with the greedy response
+            distinct = list(dict.fromkeys([*texts, *([] if g is None else [g])]))
+            where = f"evaluating policy {policy.name!r}, prompt {problem.prompt_id}"
+            verdicts = dict(zip(distinct, self.reward_fn.correct(problem, distinct, where=where)))
             correct = [verdicts[t] for t in texts]
             maj = majority_correct([self.extract_answer(t) for t in texts], correct)
-            g_ok = None if g is None else float(verdicts[g] if g in verdicts else self.reward_fn(g, problem.answer) > 0)
+            g_ok = None if g is None else float(verdicts[g])
+            boxed = sum(boxed_format(t, "") for t in texts) / len(texts)
             self._results[policy.name].append(
-                ProblemResult(problem.prompt_id, problem.skill, len(texts), sum(correct), maj, g_ok))
+                ProblemResult(problem.prompt_id, problem.skill, len(texts), sum(correct), maj, g_ok, boxed))
 
     def finish(self) -> dict[str, dict[str, float]]:
         """``{policy: {metric: value}}`` over all problems added since ``start`` (all ranks)."""
@@ -177,13 +186,14 @@ class Evaluator:
         n = torch.tensor([r.n for r in rows], dtype=torch.long)
         c = torch.tensor([r.c for r in rows], dtype=torch.long)
         metrics = {"pass@1": PassAtK(1), f"pass@{k}": PassAtK(k), f"maj@{k}": ProblemMean(),
-                   "num_problems": ProblemCount()}
+                   "boxed_rate": ProblemMean(), "num_problems": ProblemCount()}
         if self.cfg.greedy:
             metrics["greedy"] = ProblemMean()
         metrics = {key: mt.to(device) for key, mt in metrics.items()}
         metrics["pass@1"].update(n, c)
         metrics[f"pass@{k}"].update(n, c)
         metrics[f"maj@{k}"].update(torch.tensor([r.maj for r in rows], dtype=torch.float64))
+        metrics["boxed_rate"].update(torch.tensor([r.boxed for r in rows], dtype=torch.float64))
         if self.cfg.greedy:
             metrics["greedy"].update(torch.tensor([r.greedy for r in rows if r.greedy is not None],
                                                   dtype=torch.float64))

@@ -2,38 +2,42 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from mutual_rl.algorithms import group_outcome_stats, grpo_advantages
 from mutual_rl.data.task import Problem
-from mutual_rl.rewards.guard import GuardedReward
+from mutual_rl.rewards.combined import Reward, as_reward
 from mutual_rl.types import Rollout, ScoredGroup
 
 
 def score_groups(
     policy_id: str, problems: Sequence[Problem], per_prompt: Sequence[Sequence[Rollout]],
-    reward_fn: Callable[[str, str], float], *, eps: float = 1e-6, scale: str = "group",
-    success_threshold: float = 0.0,
+    reward_fn, *, eps: float = 1e-6, scale: str = "group", success_threshold: float = 0.0,
 ) -> tuple[list[ScoredGroup], dict[str, float]]:
     """One ScoredGroup per problem (rewards on the response text) and the group-outcome metrics.
 
-    ``reward_fn`` is called through a :class:`~mutual_rl.rewards.guard.GuardedReward` (a plain function gets one
-    with the defaults: 5 s per call, errors raise). The metrics count this call's skipped reward calls:
-    ``reward_errors`` and ``reward_timeouts`` (0.0 and 0.0 when none failed).
+    ``reward_fn``: the run's :class:`~mutual_rl.rewards.combined.Reward` (``model.reward``: one function or a
+    weighted list of terms), a guard, or a plain function (text-style ``fn(completion, answer)`` or TRL-style
+    ``f(prompts, completions, **columns)``, detected by signature), which gets a guard with the defaults: 5 s per
+    completion, errors raise. Each group's reward is the weighted sum of the terms
+    (:mod:`mutual_rl.rewards.combined`). The metrics count this call's completions scored 0.0 after a skipped
+    failure: ``reward_errors`` and ``reward_timeouts`` (0.0 and 0.0 when none failed); a reward given as a list of
+    terms adds ``reward/<term>``, each term's unweighted mean over all rollouts of the call.
     """
-    guard = reward_fn if isinstance(reward_fn, GuardedReward) else GuardedReward(reward_fn)
+    reward: Reward = as_reward(reward_fn)
     counts = {"error": 0, "timeout": 0}
+    term_sums = dict.fromkeys(reward.names, 0.0)
     rewards = []
     for p, rs in zip(problems, per_prompt):
-        values = []
-        for r in rs:
-            value, status = guard.score(r.response_text, p.answer, where=f"policy {policy_id!r}, prompt {p.prompt_id}")
-            values.append(value)
-            if status in counts:
-                counts[status] += 1
-        rewards.append(torch.tensor(values, dtype=torch.float32))
+        where = f"policy {policy_id!r}, prompt {p.prompt_id}"
+        scored = reward.score_group(p, [r.response_text for r in rs], where=where)
+        rewards.append(torch.tensor(scored.total, dtype=torch.float32))
+        counts["error"] += scored.errors
+        counts["timeout"] += scored.timeouts
+        for name, values in scored.terms.items():
+            term_sums[name] += sum(values)
     flat_r = torch.cat(rewards)
     flat_g = torch.cat([torch.full((len(rs),), rs[0].group_id, dtype=torch.long) for rs in per_prompt])
     adv = grpo_advantages(flat_r, flat_g, eps=eps, scale=scale)
@@ -50,4 +54,6 @@ def score_groups(
         "eos_frac": sum(x.finish_reason == "eos" for x in flat) / len(flat),
         "reward_errors": float(counts["error"]), "reward_timeouts": float(counts["timeout"]),
     }
+    if reward.log_terms:
+        metrics.update({f"reward/{name}": total / len(flat) for name, total in term_sums.items()})
     return groups, metrics

@@ -4,6 +4,11 @@ Registered names: ``integer_match`` (strict integer exact match, the built-in ta
 ``boxed_integer_match``, ``last_integer`` (lenient), ``boxed_format``, ``math_verify`` (math-verify in a
 worker process with a hard time limit). Resolve a name once with :func:`get_reward`; a run calls it through
 :class:`GuardedReward` (a time limit per call, results checked; :mod:`mutual_rl.rewards.guard`).
+
+TRL-style functions ``f(prompts, completions, **columns) -> list[float | None]`` are called once per group through
+:class:`GuardedBatchReward` (:mod:`mutual_rl.rewards.trl_style`); ``model.reward`` may be a weighted list of
+:class:`RewardTerm` mixing both styles, built into one :class:`Reward` by :func:`build_reward`
+(:mod:`mutual_rl.rewards.combined`).
 """
 
 from mutual_rl.rewards.base import (
@@ -14,6 +19,7 @@ from mutual_rl.rewards.base import (
     register_reward,
     score,
 )
+from mutual_rl.rewards.combined import GroupScore, Reward, RewardTerm, as_reward, build_reward
 from mutual_rl.rewards.guard import GuardedReward, RewardError, check_reward_settings
 from mutual_rl.rewards.integer import (
     boxed_format,
@@ -22,17 +28,24 @@ from mutual_rl.rewards.integer import (
     integer_match_with_info,
     last_integer,
 )
+from mutual_rl.rewards.trl_style import GuardedBatchReward, reward_style
 from mutual_rl.rewards.verify import MathVerifier, math_verify, math_verify_with_info
 
 __all__ = [
+    "GroupScore",
+    "GuardedBatchReward",
     "GuardedReward",
     "MathVerifier",
+    "Reward",
     "RewardError",
     "RewardFn",
     "RewardResult",
+    "RewardTerm",
+    "as_reward",
     "available_rewards",
     "boxed_format",
     "boxed_integer_match",
+    "build_reward",
     "check_reward_settings",
     "get_reward",
     "integer_match",
@@ -41,5 +54,6 @@ __all__ = [
     "math_verify",
     "math_verify_with_info",
     "register_reward",
+    "reward_style",
     "score",
 ]

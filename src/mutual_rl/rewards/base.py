@@ -7,6 +7,9 @@ A reward function takes text and returns a float::
 ``completion`` is the policy's generated text (without the prompt), ``answer`` the gold answer string of the
 prompt. The verifiable rewards shipped here are binary (0.0 or 1.0). Functions that can say *why* they gave a
 score have a ``*_with_info`` twin returning :class:`RewardResult`; the registry holds the float functions.
+
+The registry (and ``package.module:function``) also takes TRL-style functions ``f(prompts, completions, **columns)
+-> list[float | None]``, told apart by their signature (:mod:`mutual_rl.rewards.trl_style`).
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ def get_reward(name: str) -> RewardFn:
                              "'package.module:function' importable from the working directory, or one of: "
                              f"{', '.join(available_rewards())}") from None
         if not callable(fn):
-            raise ValueError(f"reward {name!r} is not callable; give a function fn(completion, answer) -> float.")
+            raise ValueError(f"reward {name!r} is not callable; give a function fn(completion, answer) -> float "
+                             "or f(prompts, completions, **columns) -> list[float | None].")
         return fn
     try:
         return _REGISTRY[name]
