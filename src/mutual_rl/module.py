@@ -93,8 +93,8 @@ class MutualRLModule(LightningModule):
                 <export_dir>/step-<NNNNNN>/<policy> (0 = only at the end of fit).
             cache_dir: cache root of the embedded tiny presets (default: $MUTUAL_RL_CACHE or
                 ~/.cache/mutual_rl).
-            reward_timeout_s: seconds one reward call may take (registered and package.module:function
-                rewards alike; math_verify uses it as its worker's limit). A call past it is a timeout.
+            reward_timeout_s: seconds one reward call may take per completion (a TRL-style call on a group of
+                n completions may take n times this; math_verify uses it as its worker's limit). Past it: a timeout.
             reward_errors: what a reward call that raises, times out, or returns None/NaN/inf/a non-number
                 does: raise (stop with an error naming the reward, the completion and the answer) or
                 skip (score it 0.0 and count it in <policy>/reward_errors / <policy>/reward_timeouts,
