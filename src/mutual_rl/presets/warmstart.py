@@ -3,8 +3,13 @@
 Loss: next-token cross-entropy on the answer tokens and the EOS only (prompt tokens are context), AdamW at a
 constant learning rate, batches drawn with replacement from the task's train split filtered by skill
 (docs/calibration.md: ~300 steps at lr 1e-3, batch 64 give ~50 % greedy / ~25 % sampled pass@1 on 2-digit addition).
-Prompt and answer are tokenized separately and concatenated, exactly as rollouts are (prompt with the
-tokenizer's special tokens, answer without), so warm-up and RL see the same token layout.
+Prompt and answer are tokenized separately and concatenated, exactly as rollouts are (the prompt by the policy's
+own prompt encoder -- ``mutual_rl.thl.retokenize.prompt_ids``, with its chat template when the policy sets
+``chat_template`` -- the answer without special tokens), so warm-up and RL see the same token layout.
+
+The loss runs the LM head only on the target positions (the base model's hidden states there, then the output
+embedding): with a 151k-token vocabulary (tiny:qwen-vocab) full logits for every position of a batch would cost
+most of the step. Equal to the loss from full logits (tested).
 """
 
 from __future__ import annotations
@@ -34,9 +39,16 @@ def select_problems(problems: Sequence[Problem], spec: WarmStart) -> list[Proble
     return own + rng.sample(rest, min(k, len(rest))) if spec.other_skill_fraction > 0 else own
 
 
-def encode_example(tokenizer, prompt: str, target: str) -> tuple[list[int], int]:
-    """Token ids of prompt + target + EOS and the index where the target starts."""
-    p = tokenizer(prompt)["input_ids"]
+def encode_example(tokenizer, prompt: str, target: str,
+                   encode_prompt: Callable[[str], list[int]] | None = None) -> tuple[list[int], int]:
+    """Token ids of prompt + target + EOS and the index where the target starts. ``encode_prompt``: the prompt's
+    ids (default: ``prompt_ids(tokenizer, prompt)``, as a policy without chat template encodes it)."""
+    if encode_prompt is None:
+        from mutual_rl.thl.retokenize import prompt_ids
+
+        p = prompt_ids(tokenizer, prompt)
+    else:
+        p = list(encode_prompt(prompt))
     t = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return p + t, len(p)
 
@@ -49,12 +61,14 @@ def warm_start(
     target_text: Callable[[Problem], str],
     spec: WarmStart,
     desc: str = "warm-start",
+    encode_prompt: Callable[[str], list[int]] | None = None,
 ) -> list[float]:
-    """Train ``model`` in place on ``problems``; returns the loss per step."""
+    """Train ``model`` in place on ``problems``; returns the loss per step. ``encode_prompt``: as in
+    :func:`encode_example` (pass the policy's encoder so that warm-up sees the prompt tokens rollouts see)."""
     pool = select_problems(problems, spec)
     if not pool:
         raise ValueError("warm-start has no problems to learn from; check warmstart.skills and the task.")
-    examples = [encode_example(tokenizer, render_prompt(p.problem), target_text(p)) for p in pool]
+    examples = [encode_example(tokenizer, render_prompt(p.problem), target_text(p), encode_prompt) for p in pool]
     rng = random.Random(spec.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
     model.train()
@@ -62,10 +76,7 @@ def warm_start(
     for _ in tqdm(range(spec.steps), desc=desc, leave=False):
         batch = [examples[rng.randrange(len(examples))] for _ in range(spec.batch_size)]
         ids, labels, attn = _collate(batch, tokenizer.pad_token_id)
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
-        )
+        loss = target_loss(model, ids, attn, labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -73,6 +84,23 @@ def warm_start(
         losses.append(loss.detach().item())
     model.eval()
     return losses
+
+
+def target_loss(model, ids: torch.Tensor, attn: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the positions whose label is not -100, with the LM head applied to
+    those positions only (module docstring). Falls back to full logits for a model whose output is more than
+    ``lm_head(last hidden state)`` (a final logit scale or soft-cap) or that does not expose its parts."""
+    predicts = labels[:, 1:] != -100  # [B, L-1]: position t predicts token t+1
+    targets = labels[:, 1:][predicts]  # [N]
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    base = getattr(model, "base_model", None)
+    plain = head is not None and base is not None and base is not model and not any(
+        getattr(model.config, k, None) not in (None, 1.0) for k in ("final_logit_softcapping", "logit_scale"))
+    if not plain:
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        return torch.nn.functional.cross_entropy(logits[predicts].float(), targets)
+    hidden = base(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]  # [B, L-1, H]
+    return torch.nn.functional.cross_entropy(head(hidden[predicts]).float(), targets)
 
 
 def _collate(batch: list[tuple[list[int], int]], pad_id: int):
