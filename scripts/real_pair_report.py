@@ -14,7 +14,9 @@ training step (wall time between consecutive logged steps, mean over all but the
 evaluation at step 0); the child's peak resident memory (``ru_maxrss`` of the fit process); per direction
 ``<source> -> <receiver>``, the prompts the receiver's regime rescued with the source's responses
 (``<receiver>/rescued/<source>`` summed over steps: SGT's gated NLL rows, GRAFT's grafted groups), and the
-exchange's delivered and consumed rollouts for that direction.
+exchange's counts for that direction (delivered, consumed, dropped by reason), summed over steps. Runs logged
+before the fix of step_metrics.fill_absent repeat a drop reason's last value in later steps, so their dropped
+counts are too high; delivered, consumed and rescued are exact either way (logged every step).
 """
 
 from __future__ import annotations
@@ -88,9 +90,9 @@ def report(out: Path) -> dict:
         for src in policies:
             if src == recv:
                 continue
-            rescued = sum(v for _, v, _ in data.get(f"{recv}/rescued/{src}", []))
+            rescued = sum(v for _, v, _ in data.get(f"{recv}/rescued/{src}", []) if v == v)  # NaN: not logged
             prefix = f"exchange/{src}->{recv}/"
-            flows = {k[len(prefix):]: sum(v for _, v, _ in series) for k, series in data.items()
+            flows = {k[len(prefix):]: sum(v for _, v, _ in series if v == v) for k, series in data.items()
                      if k.startswith(prefix)}
             crossing[f"{src}->{recv}"] = {"rescued_prompts": rescued, **flows}
     result = {"policies": rows, "steps": steps, "seconds_per_step": _mean([(0, g, 0) for g in gaps]),
@@ -101,7 +103,7 @@ def report(out: Path) -> dict:
 
 
 def _mean(series) -> float | None:
-    vals = [v for _, v, _ in series]
+    vals = [v for _, v, _ in series if v == v]
     return sum(vals) / len(vals) if vals else None
 
 

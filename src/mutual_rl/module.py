@@ -35,13 +35,20 @@ from mutual_rl.policies.policy import build_policy
 from mutual_rl.policies.schedule import decay_end, set_lr
 from mutual_rl.policies.scoring import score_groups
 from mutual_rl.policies.spec import PolicySpec
-from mutual_rl.policies.update import STEP_METRICS, GRPOConfig, update_policy
+from mutual_rl.policies.update import GRPOConfig, update_policy
 from mutual_rl.regimes import Regime, as_regime, regime_name
 from mutual_rl.regimes.crossing import thl_residual
 from mutual_rl.resume import apply_optimizer_settings, match_policies_by_name
 from mutual_rl.rewards import RewardError, RewardTerm, build_reward
 from mutual_rl.rollout import RolloutEngine, get_engine
-from mutual_rl.step_metrics import log_histograms, log_samples, mark_untrained, warn_on_collapse
+from mutual_rl.step_metrics import (
+    COUNT_PREFIXES,
+    COUNT_SUFFIXES,
+    fill_absent,
+    log_histograms,
+    log_samples,
+    warn_on_collapse,
+)
 from mutual_rl.strategies import has_activation_checkpointing
 from mutual_rl.threads import check_num_threads, configure_threads
 from mutual_rl.types import PromptBatch, ScoredGroup
@@ -144,7 +151,7 @@ class MutualRLModule(LightningModule):
         self.engine = get_engine(rollout_engine) if isinstance(rollout_engine, str) else rollout_engine
         self._rng_to_restore = None
         self._offset_rng_per_rank = False
-        self._per_token_seen: dict[str, set[str]] = {}  # per policy: the per-token update metrics ever logged
+        self._logged_keys: set[str] = set()  # every step metric ever logged (step_metrics.fill_absent)
         self._collapse_warned: set[str] = set()
         from mutual_rl.data.prompt_length import check_prompt_overflow_mode
         from mutual_rl.rewards.guard import check_reward_settings
@@ -273,8 +280,6 @@ class MutualRLModule(LightningModule):
                 step_optimizer=lambda o=opt: self.trainer.strategy.optimizer_step(o.optimizer, lambda: None, self),
                 zero_grad=lambda o=opt: o.zero_grad(set_to_none=True),
             )
-            self._per_token_seen.setdefault(spec.name, set()).update(
-                f"{spec.name}/{k}" for k in m if k not in STEP_METRICS)
             m["train_s"] = time.perf_counter() - t0
             m["train_tokens_per_s"] = m["trained_tokens"] / max(m["train_s"], 1e-9)
             sync = getattr(self.engine, "sync_weights", None)
@@ -288,10 +293,8 @@ class MutualRLModule(LightningModule):
         metrics.update(ex.end_step())
         # several processes: every rank logs (and plans from) the same values; exchange counts and the reward-error
         # and reward-timeout counts are global totals, everything else per-rank means (refused steps are agreed) (per-policy token counts: per rank, see ResourceAllocation)
-        metrics = mean_over_ranks(metrics, sum_prefixes=("exchange/",),
-                                  sum_suffixes=("/reward_errors", "/reward_timeouts"))
-        for seen in self._per_token_seen.values():  # after the reduction: NaN only where no rank trained a token
-            mark_untrained(metrics, seen)
+        metrics = mean_over_ranks(metrics, sum_prefixes=COUNT_PREFIXES, sum_suffixes=COUNT_SUFFIXES)
+        fill_absent(metrics, self._logged_keys)  # after the reduction: a gap only where no rank logged the key
         warn_on_collapse(metrics, self.specs, step, self._collapse_warned)
         self._advance_step_counter()
         dm = self._datamodule()

@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from lightning.pytorch.utilities import rank_zero_warn
 
 from mutual_rl.policies.spec import PolicySpec
 
+COUNT_PREFIXES = ("exchange/",)
+COUNT_SUFFIXES = ("/reward_errors", "/reward_timeouts")
+"""Keys that are counts of this step (summed over ranks; 0 when absent)."""
 
-def mark_untrained(metrics: dict[str, float], seen: Iterable[str]) -> None:
-    """Every per-token metric of the update in ``seen`` (token-weighted means: ``entropy``, ``clip_frac_*``,
-    ``self/...``, ``peer/...``, ``kl``, ...) that no rank logged this step (no token of that kind trained) is set
-    to NaN, so a dashboard shows a gap instead of repeating the last value (Lightning keeps the last logged value
-    of a key in ``callback_metrics`` and the progress bar)."""
-    for key in seen:
-        if key not in metrics:
-            metrics[key] = float("nan")
+
+def fill_absent(metrics: dict[str, float], seen: set[str]) -> None:
+    """Every key logged at an earlier step (``seen``) but absent from this step's ``metrics`` is set: counts
+    (exchange flows such as ``exchange/<s>-><r>/dropped/<reason>``, reward errors/timeouts) to 0.0, everything else
+    (per-token means of the update when no token of that kind trained -- ``entropy``, ``clip_frac_*``,
+    ``self/...``, ``peer/...``, ``kl`` --, THL residuals on steps that do not measure them, a regime's per-source
+    statistics) to NaN, so a dashboard shows a gap. Otherwise Lightning logs the key's last value again at every
+    later step (it keeps it in its result collection), which repeats a stale value in ``callback_metrics``, the
+    progress bar and the loggers' files. Then adds this step's keys to ``seen``."""
+    for key in seen - metrics.keys():
+        count = key.startswith(COUNT_PREFIXES) or key.endswith(COUNT_SUFFIXES)
+        metrics[key] = 0.0 if count else float("nan")
+    seen.update(metrics)
 
 
 def warn_on_collapse(metrics: dict[str, float], specs: Sequence[PolicySpec], step: int, warned: set[str]) -> None:
