@@ -49,7 +49,7 @@ def test_default_reward_and_target_per_style_and_format():
     rewards = {(s, f): ArithmeticTask(style=s, answer_format=f).default_reward
                for s in ("compact", "question") for f in ("integer", "boxed")}
     assert rewards == {("compact", "integer"): "integer_match", ("compact", "boxed"): "boxed_integer_match",
-                       ("question", "integer"): "integer_match", ("question", "boxed"): "math_verify"}
+                       ("question", "integer"): "integer_match", ("question", "boxed"): "boxed_integer_match"}
     assert ArithmeticTask(style="question").target_text(p) == "46"
     assert ArithmeticTask(style="question", answer_format="boxed").target_text(p) == "\\boxed{46}"
     assert integer_match("46", "46") == boxed_integer_match("\\boxed{46}", "46") == 1.0
@@ -98,3 +98,15 @@ def test_every_character_is_in_the_tiny_char_vocabulary():
     texts += [p.problem + word.target_text(p) for p in word.train_problems() + word.heldout_problems()]
     texts += [BOXED_TEMPLATE, TEMPLATE]
     assert set("".join(texts)) <= set(CHAR_ALPHABET)
+
+
+@pytest.mark.parametrize("hack", ["12 + 34 = \\boxed{}", "\\boxed{12+34}", "12 + 34 ="])
+def test_restating_the_question_does_not_score_with_the_default_reward(hack):
+    """math-verify reads the question's own expression as the answer (an empty box, or the sum in the box), which
+    GRPO found on SmolLM2 within 40 steps; the default reward of question-style boxed arithmetic does not."""
+    pytest.importorskip("math_verify")
+    from mutual_rl.rewards import get_reward, math_verify
+
+    assert math_verify(hack, "46") == 1.0  # why math_verify is not the default here
+    reward = get_reward(ArithmeticTask(style="question", answer_format="boxed").default_reward)
+    assert reward(hack, "46") == 0.0 and reward("12 + 34 = 46, so \\boxed{46}", "46") == 1.0

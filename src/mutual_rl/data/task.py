@@ -27,9 +27,12 @@ Text styles (``style``; the pair, answer, skill, ``prompt_id`` and split members
   ``chat_template: true`` on policies whose tokenizer has a chat template.
 
 ``default_reward``: ``integer_match`` for ``answer_format: integer`` (the completion must be the bare integer);
-for ``boxed``: ``boxed_integer_match`` in compact style (the box must hold exactly ``-?[0-9]+``) and
-``math_verify`` in question style (what chat models write: ``"12 + 34 = 46, so \\boxed{46}"``, ``\\boxed{46.0}``
-and ``\\boxed{\\$46}`` score 1; ``\\boxed{45}`` scores 0; a completion without a box is judged on its last number).
+``boxed_integer_match`` for ``boxed``, in either style: the last box must hold exactly ``-?[0-9]+``, so
+``"12 + 34 = 46, so \\boxed{46}"`` scores 1 and ``\\boxed{45}`` 0. **Not** ``math_verify``: on arithmetic questions
+it can be gamed by restating the question, because the question's own expression equals the answer --
+``"12 + 34 = \\boxed{}"`` and ``\\boxed{12+34}`` both verify as 46 (an empty box makes math-verify read the
+expression before it). GRPO on SmolLM2-135M-Instruct found that within 40 steps (held-out "accuracy" 11 % -> 100 %
+with every answer ``"a + b = \\boxed{}"``).
 
 ``prompt_id`` is derived from the content, so it is unique and stable across splits, seeds, sizes and styles:
 ``OPERATOR_CODES[op] * 10**8 + a * 10**4 + b`` (1xxxxxxxx for ``+``, 2... for ``-``, 3... for ``*``; below
@@ -86,7 +89,7 @@ def _operands(digits: list[int]) -> list[int]:
 class ArithmeticTask:
     """Built-in verifiable task: integer arithmetic with exact integer answers (module docstring).
 
-    For chat models: ``ArithmeticTask(style="question", answer_format="boxed")`` (reward ``math_verify``) with
+    For chat models: ``ArithmeticTask(style="question", answer_format="boxed")`` (reward ``boxed_integer_match``) with
     ``prompt_template: "{problem} Put the final answer in \\boxed{}."`` and ``chat_template: true`` per policy.
     """
 
@@ -147,11 +150,9 @@ class ArithmeticTask:
 
     @property
     def default_reward(self) -> str:
-        """Registered reward for ``answer_format`` and ``style``: "integer_match" (integer), "boxed_integer_match"
-        (boxed, compact) or "math_verify" (boxed, question); see the module docstring."""
-        if self.answer_format == "integer":
-            return "integer_match"
-        return "boxed_integer_match" if self.style == "compact" else "math_verify"
+        """Registered reward for ``answer_format``: "integer_match" or "boxed_integer_match" (either style; not
+        math_verify, which restating the question games: see the module docstring)."""
+        return "integer_match" if self.answer_format == "integer" else "boxed_integer_match"
 
     def space_size(self, op: str) -> int:
         """Number of distinct problems of operator ``op``."""
