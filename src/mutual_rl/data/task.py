@@ -85,6 +85,46 @@ def _operands(digits: list[int]) -> list[int]:
     return out
 
 
+def seeded_splits(task, keys: list[str], logger: logging.Logger) -> dict[str, list[Problem]]:
+    """``{"train": [...], "heldout": [...]}`` of a task whose problems are indexed per skill key (an operator, a
+    word-problem family): held-out ``task.num_heldout`` per key (rng ``"heldout:{seed}:{key}"``), train
+    ``task.num_train`` split evenly over the keys and drawn from the rest (rng ``"train:{seed}:{key}"``; capped at
+    what is left, logged at INFO on ``logger``), the train list shuffled across keys (rng ``"order:{seed}"``). The
+    task gives ``space_size(key)``, ``_problem(key, index)`` and the fields ``num_train``, ``num_heldout``,
+    ``seed``."""
+    train: list[Problem] = []
+    held_out: list[Problem] = []
+    for k, key in enumerate(keys):
+        size = task.space_size(key)
+        held = random.Random(f"heldout:{task.seed}:{key}").sample(range(size), task.num_heldout)
+        want = task.num_train // len(keys) + (1 if k < task.num_train % len(keys) else 0)
+        avail = size - task.num_heldout
+        if want > avail:
+            logger.info("%s: %r has %d problems left after held-out; train capped %d -> %d",
+                        type(task).__name__, key, avail, want, avail)
+            want = avail
+        held_set = set(held)
+        cand = random.Random(f"train:{task.seed}:{key}").sample(range(size), min(size, want + task.num_heldout))
+        train += [task._problem(key, i) for i in [i for i in cand if i not in held_set][:want]]
+        held_out += [task._problem(key, i) for i in held]
+    random.Random(f"order:{task.seed}").shuffle(train)
+    return {"train": train, "heldout": held_out}
+
+
+def select_split(cache: dict[str, list[Problem]], split: str, skills: list[str] | None,
+                 known: list[str]) -> list[Problem]:
+    """The problems of ``split`` in ``cache``, only those whose skill is in ``skills`` when given; unknown splits
+    and skills are errors."""
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    if skills is not None:
+        unknown = sorted(set(skills) - set(known))
+        if unknown:
+            raise ValueError(f"unknown skills {unknown}; this task has {known}")
+    out = cache[split]
+    return list(out) if skills is None else [p for p in out if p.skill in set(skills)]
+
+
 @dataclass
 class ArithmeticTask:
     """Built-in verifiable task: integer arithmetic with exact integer answers (module docstring).
@@ -172,51 +212,11 @@ class ArithmeticTask:
         text = f"{a}{op}{b}=" if self.style == "compact" else f"What is {a} {op} {b}?"
         return Problem(pid, text, str(_APPLY[op](a, b)), SKILLS[op])
 
-    def _split(self, op: str) -> tuple[list[Problem], list[Problem]]:
-        size = self.space_size(op)
-        held = random.Random(f"heldout:{self.seed}:{op}").sample(range(size), self.num_heldout)
-        k = self.operators.index(op)
-        n_ops = len(self.operators)
-        want = self.num_train // n_ops + (1 if k < self.num_train % n_ops else 0)
-        avail = size - self.num_heldout
-        if want > avail:
-            log.info(
-                "ArithmeticTask: %r has %d problems left after held-out; train capped %d -> %d",
-                op,
-                avail,
-                want,
-                avail,
-            )
-            want = avail
-        held_set = set(held)
-        cand = random.Random(f"train:{self.seed}:{op}").sample(
-            range(size), min(size, want + self.num_heldout)
-        )
-        train = [i for i in cand if i not in held_set][:want]
-        return [self._problem(op, i) for i in train], [self._problem(op, i) for i in held]
-
-    def _build(self) -> None:
-        train: list[Problem] = []
-        held: list[Problem] = []
-        for op in self.operators:
-            t, h = self._split(op)
-            train += t
-            held += h
-        random.Random(f"order:{self.seed}").shuffle(train)
-        self._cache = {"train": train, "heldout": held}
-
     def problems(self, split: Literal["train", "heldout"], skills: list[str] | None = None) -> list[Problem]:
         """Problems of ``split``, optionally only those whose skill is in ``skills`` (e.g. ``["add"]``)."""
-        if split not in ("train", "heldout"):
-            raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-        if skills is not None:
-            unknown = sorted(set(skills) - set(self.skills))
-            if unknown:
-                raise ValueError(f"unknown skills {unknown}; this task has {self.skills}")
         if not self._cache:
-            self._build()
-        out = self._cache[split]
-        return list(out) if skills is None else [p for p in out if p.skill in set(skills)]
+            self._cache = seeded_splits(self, self.operators, log)
+        return select_split(self._cache, split, skills, self.skills)
 
     def train_problems(self) -> list[Problem]:
         """All training problems (shuffled across operators)."""

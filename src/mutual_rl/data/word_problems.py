@@ -44,13 +44,12 @@ chat models.
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import product
 from typing import Literal
 
-from mutual_rl.data.task import Problem
+from mutual_rl.data.task import Problem, seeded_splits, select_split
 
 log = logging.getLogger(__name__)
 
@@ -328,43 +327,11 @@ class WordProblemTask:
         numbers = family_space(family)[index]
         return Problem(pid, fam.text(numbers, _mix(pid)), str(fam.solve(numbers)[1]), family)
 
-    def _split(self, family: str) -> tuple[list[Problem], list[Problem]]:
-        size = self.space_size(family)
-        held = random.Random(f"heldout:{self.seed}:{family}").sample(range(size), self.num_heldout)
-        k, n = self.families.index(family), len(self.families)
-        want = self.num_train // n + (1 if k < self.num_train % n else 0)
-        avail = size - self.num_heldout
-        if want > avail:
-            log.info("WordProblemTask: %r has %d problems left after held-out; train capped %d -> %d",
-                     family, avail, want, avail)
-            want = avail
-        held_set = set(held)
-        cand = random.Random(f"train:{self.seed}:{family}").sample(range(size), min(size, want + self.num_heldout))
-        train = [i for i in cand if i not in held_set][:want]
-        return [self._problem(family, i) for i in train], [self._problem(family, i) for i in held]
-
-    def _build(self) -> None:
-        train: list[Problem] = []
-        held: list[Problem] = []
-        for f in self.families:
-            t, h = self._split(f)
-            train += t
-            held += h
-        random.Random(f"order:{self.seed}").shuffle(train)
-        self._cache = {"train": train, "heldout": held}
-
     def problems(self, split: Literal["train", "heldout"], skills: list[str] | None = None) -> list[Problem]:
         """Problems of ``split``, optionally only those whose skill is in ``skills`` (e.g. ``["ages"]``)."""
-        if split not in ("train", "heldout"):
-            raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-        if skills is not None:
-            unknown = sorted(set(skills) - set(self.skills))
-            if unknown:
-                raise ValueError(f"unknown skills {unknown}; this task has {self.skills}")
         if not self._cache:
-            self._build()
-        out = self._cache[split]
-        return list(out) if skills is None else [p for p in out if p.skill in set(skills)]
+            self._cache = seeded_splits(self, self.families, log)
+        return select_split(self._cache, split, skills, self.skills)
 
     def train_problems(self) -> list[Problem]:
         """All training problems (shuffled across families)."""
