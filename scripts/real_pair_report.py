@@ -49,7 +49,9 @@ def run_fit(args) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"[real] fit failed (exit {proc.returncode}); see {out / 'log.txt'}")
     peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # Linux: kilobytes
-    info = {"seconds": round(took, 1), "peak_rss_gib": round(peak_kb / 2**20, 2), "command": " ".join(cmd)}
+    shown = ["python", *cmd[1:]]  # the command as a user types it: no machine's interpreter or output paths
+    shown = [a.replace(str(out), "<out>") for a in shown]
+    info = {"seconds": round(took, 1), "peak_rss_gib": round(peak_kb / 2**20, 2), "command": " ".join(shown)}
     (out / "run.json").write_text(json.dumps(info, indent=1))
     return info
 

@@ -90,9 +90,27 @@ def test_schedule_in_a_run_per_policy_and_periodic_export(tmp_path):
     assert not torch.equal(at2[key], final[key])
     assert all(torch.equal(at4[k], end[k]) for k in at4)
     assert torch.equal(end[key], final[key])
-    assert not list(root.glob(".*tmp*"))  # no temporary folder left behind
+    assert not list(root.glob(".*"))  # no temporary or moved-aside folder left behind
 
 
 def test_export_every_n_steps_must_be_non_negative():
     with pytest.raises(ValueError, match="export_every_n_steps must be >= 0"):
         type(module(pair()))(pair(), export_every_n_steps=-1)
+
+
+def test_a_failed_export_write_raises_and_keeps_the_previous_export(tmp_path, monkeypatch):
+    from mutual_rl.policies.export import export_policies
+
+    m = module(pair())
+    m.configure_model()
+    root = tmp_path / "export"
+    export_policies(m.policies, root, write=True)
+    before = (root / "gpt2" / "config.json").read_text()
+
+    def full_disk(path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(m.policies["llama"], "export", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        export_policies(m.policies, root, write=True)
+    assert (root / "gpt2" / "config.json").read_text() == before and (root / "llama" / "config.json").exists()

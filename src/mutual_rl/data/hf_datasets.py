@@ -43,7 +43,8 @@ class HFDataset:
     path: str
     """save_to_disk folder, data file (.json/.jsonl/.csv/.parquet), or Hub name such as openai/gsm8k."""
     split: str | None = None
-    """Split to read, e.g. train or test[:500]; may be left out when the source holds a single split."""
+    """Split to read, e.g. train (Hub names and data files also take slices such as test[:500]; a save_to_disk
+    folder takes whole split names only); may be left out when the source holds a single split."""
     name: str | None = None
     """Configuration of a Hub dataset that has several (e.g. main for openai/gsm8k)."""
     revision: str | None = None

@@ -8,7 +8,7 @@ Layout under the export root (``model.export_dir``, default ``<log_dir>/export``
 Each folder holds what :meth:`~mutual_rl.policies.policy.Policy.export` writes (full weights, or the LoRA adapters)
 and the policy's tokenizer, so ``AutoModelForCausalLM.from_pretrained(folder)`` (or peft's loader for adapters)
 reloads it. A folder is written under a temporary name and renamed into place, so a run stopped mid-export never
-leaves a half-written checkpoint under the final name.
+leaves a half-written checkpoint under the final name (see :func:`export_policies`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+from mutual_rl.distributed import raise_together
 from mutual_rl.strategies import full_params
 
 
@@ -28,16 +29,32 @@ def step_folder(root: Path, step: int) -> Path:
 
 def export_policies(policies: Mapping, root: Path, *, write: bool) -> list[Path]:
     """Export every policy to ``root/<name>``; under FSDP every rank gathers the full weights (a collective) and
-    only the rank with ``write`` saves them. Returns the folders written (empty where ``write`` is False)."""
-    written = []
+    only the rank with ``write`` saves them. Returns the folders written (empty where ``write`` is False).
+
+    A failed write (a full disk, no permission) does not stop the gathering of the other policies' weights, which
+    the other ranks take part in; after the last policy every rank raises together (the writer its own error), so
+    no rank waits forever in a later collective. An existing export is replaced only once the new one is complete:
+    the old folder is moved aside, the new one renamed in, then the old one deleted."""
+    written, error = [], None
     for name, policy in policies.items():
         with full_params(policy.model):
-            if write:
-                final = Path(root) / name
-                tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
-                shutil.rmtree(tmp, ignore_errors=True)
-                policy.export(tmp)
-                shutil.rmtree(final, ignore_errors=True)
-                os.replace(tmp, final)
-                written.append(final)
+            if write and error is None:
+                try:
+                    written.append(_write(policy, Path(root) / name))
+                except OSError as exc:
+                    error = exc
+    raise_together(error, f"exporting the policies to {root}")
     return written
+
+
+def _write(policy, final: Path) -> Path:
+    tag = f"{final.name}.{os.getpid()}"
+    tmp, old = final.with_name(f".{tag}.tmp"), final.with_name(f".{tag}.old")
+    for stale in final.parent.glob(f".{final.name}.*.tmp") if final.parent.exists() else []:
+        shutil.rmtree(stale, ignore_errors=True)  # left by a run that was killed mid-export
+    policy.export(tmp)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
