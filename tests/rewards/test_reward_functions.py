@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback
 
 from mutual_rl.data.task import Problem
 from mutual_rl.evaluation import EvalConfig, Evaluator
@@ -27,6 +26,7 @@ from mutual_rl.rewards import (
 )
 from mutual_rl.rewards.base import available_rewards
 from mutual_rl.types import Rollout
+from tests.trainer.helpers import RecordMetrics
 
 CALLS: list[dict] = []  # what the registered TRL-style rewards below were called with
 
@@ -226,14 +226,6 @@ def e2e_trl_len(prompts, completions, answer, target, **kwargs):
 _register("e2e_trl_len", e2e_trl_len)
 
 
-class _Metrics(Callback):
-    def __init__(self):
-        self.rows = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.rows.append({k: float(v) for k, v in trainer.callback_metrics.items()})
-
-
 def test_a_run_with_a_dataset_and_a_weighted_list_logs_each_term(tmp_path):
     datasets = pytest.importorskip("datasets")
     import lightning.pytorch as pl
@@ -256,7 +248,7 @@ def test_a_run_with_a_dataset_and_a_weighted_list_logs_each_term(tmp_path):
                        evaluation=EvalConfig(k=2, greedy=False), log_samples_every_n_steps=0)
     pl.seed_everything(0)
     E2E_CALLS.clear()
-    rec = _Metrics()
+    rec = RecordMetrics()
     trainer(tmp_path, max_steps=2, callbacks=[rec], limit_val_batches=1).fit(m, datamodule=dm)
     assert len(rec.rows) == 2
     for row in rec.rows:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
 
 from mutual_rl.data.datamodule import PromptDataModule
 from mutual_rl.data.task import ArithmeticTask
@@ -41,3 +42,13 @@ def trainer(tmp_path, max_steps: int = 2, **kw) -> pl.Trainer:
     )
     defaults.update(kw)
     return pl.Trainer(**defaults)
+
+
+class RecordMetrics(Callback):
+    """``rows``: ``trainer.callback_metrics`` after each training step, as floats."""
+
+    def __init__(self):
+        self.rows: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.rows.append({k: float(v) for k, v in trainer.callback_metrics.items()})

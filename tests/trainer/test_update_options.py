@@ -8,7 +8,6 @@ import math
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback
 
 from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.policies.batch import collate
@@ -22,7 +21,7 @@ from mutual_rl.rewards import register_reward
 from mutual_rl.rewards.base import available_rewards
 from mutual_rl.rollout.hf import HFRolloutEngine
 from tests.regimes.scenario import FakeReceiver, make_group
-from tests.trainer.helpers import TASK, datamodule, module, pair, spec, trainer
+from tests.trainer.helpers import TASK, RecordMetrics, datamodule, module, pair, spec, trainer
 
 
 @pytest.fixture(scope="module")
@@ -172,14 +171,6 @@ def test_non_finite_loss_refuses_the_step(policy, on_nonfinite):
     assert math.isfinite(out["loss"]) and math.isfinite(out["grad_norm"])
 
 
-class _Rows(Callback):
-    def __init__(self):
-        self.rows = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.rows.append({k: float(v) for k, v in trainer.callback_metrics.items()})
-
-
 def test_far_too_high_learning_rate_stops_with_a_named_error(tmp_path):
     """lr 1e8 used to write NaN into the weights and crash a step later inside sampling ("probability tensor
     contains inf"); now the update stops at the first non-finite loss, gradient or weight, naming the policy."""
@@ -204,7 +195,7 @@ def test_step_without_trained_rows_logs_nan_not_the_last_value(tmp_path):
     _calls["n"] = 0
     pl.seed_everything(0)
     m = module(pair(), reward="test_parity_then_zero")
-    rec = _Rows()
+    rec = RecordMetrics()
     trainer(tmp_path, max_steps=2, callbacks=[rec]).fit(m, datamodule=datamodule())
     for name in ("gpt2", "llama"):
         first, second = rec.rows[0], rec.rows[1]
