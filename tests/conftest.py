@@ -11,6 +11,9 @@ from mutual_rl.rewards import register_reward
 from mutual_rl.rewards.base import available_rewards
 
 torch.set_num_threads(1)
+# presets build in this process (not in the pinned worker: ~8 s of start-up per build); tests/test_presets.py
+# tests the worker itself
+os.environ["MUTUAL_RL_PRESET_BUILD"] = "inprocess"
 
 if "test_parity" not in available_rewards():
 

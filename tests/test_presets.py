@@ -110,3 +110,106 @@ def test_cache_key_of_presets_without_chat_template_is_unchanged():
     key = preset_key("tiny:gpt2-bpe", 0, WarmStart(), TASK, "{problem}")
     assert "chat_template" not in key and key == preset_key("tiny:gpt2-bpe", 0, WarmStart(), TASK, "{problem}", False)
     assert preset_key("tiny:gpt2-bpe", 0, WarmStart(), TASK, "{problem}", True)["chat_template"] is True
+
+
+def test_build_does_not_depend_on_the_callers_thread_count(tmp_path):
+    """Builds run on one torch thread: a caller with 2 threads gets the same weights, and keeps its 2 threads."""
+    ws = WarmStart(steps=4, batch_size=16)
+    kw = dict(seed=0, warmstart=ws, task=TASK, prompt_template="{problem}")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        m2, _ = load_preset("tiny:gpt2-bpe", cache_dir=tmp_path / "two", **kw)
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        m1, _ = load_preset("tiny:gpt2-bpe", cache_dir=tmp_path / "one", **kw)
+    finally:
+        torch.set_num_threads(before)
+    for (k, a), b in zip(m1.state_dict().items(), m2.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert not torch.are_deterministic_algorithms_enabled()  # the caller's setting is restored
+
+
+def test_quality_report_is_stored_printed_and_checked(tmp_path, capsys):
+    import json
+    import warnings
+
+    ws = WarmStart(steps=2, batch_size=8, expect={"add": [0.5, 1.0], "sub": [0.0, 1.0]})
+    kw = dict(seed=0, warmstart=ws, task=TASK, prompt_template="{problem}", cache_dir=tmp_path)
+    with pytest.warns(UserWarning, match=r"tiny:llama-char: the warm-up landed outside warmstart.expect: add pass@1 "
+                                         r"0\.\d+ outside the expected \[0.5, 1.0\]"):
+        load_preset("tiny:llama-char", **kw)
+    assert "built tiny:llama-char held-out (k=8, T=0.6): add pass@1" in capsys.readouterr().err
+    (folder,) = (tmp_path / "presets").glob("tiny-llama-char-*[0-9a-f]")  # beside it: its lock file
+    report = json.loads((folder / "done.json").read_text())["quality"]
+    assert report["problems"] == 40 and set(report["skills"]) == {"add", "sub"}
+    assert report["skills"]["add"]["problems"] == 20 and 0 <= report["skills"]["add"]["pass@1"] < 0.5
+    overall = (report["skills"]["add"]["pass@1"] + report["skills"]["sub"]["pass@1"]) / 2
+    assert report["overall"]["pass@1"] == pytest.approx(overall)
+    # a cached load checks again (no rebuild); expect does not enter the cache key
+    with pytest.warns(UserWarning, match="outside warmstart.expect"):
+        load_preset("tiny:llama-char", **{**kw, "warmstart": WarmStart(steps=2, batch_size=8, expect={"add": [0.9, 1]})})
+    assert len(list((tmp_path / "presets").glob("tiny-llama-char-*"))) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_preset("tiny:llama-char", **{**kw, "warmstart": WarmStart(steps=2, batch_size=8, expect={"sub": [0, 1]})})
+
+
+def test_quality_out_of_range_names_missing_skills():
+    from mutual_rl.presets.quality import out_of_range
+
+    report = {"skills": {"add": {"pass@1": 0.25}}}
+    assert out_of_range(report, {"add": [0.2, 0.3]}) == []
+    assert out_of_range(report, {"add": [0.3, 0.6]}) == ["add pass@1 0.250 outside the expected [0.3, 0.6]"]
+    assert out_of_range(report, {"mul": [0, 1]}) == ["skill 'mul' is not in the report (skills: ['add'])"]
+    with pytest.raises(ValueError, match=r"warmstart.expect\['add'\] must be \[low, high\]"):
+        WarmStart(expect={"add": [0.6, 0.3]})
+
+
+def test_cosine_warmup_schedule():
+    from mutual_rl.presets.warmstart import warmup_lr
+
+    ws = WarmStart(steps=5, lr=1e-3, min_lr_ratio=0.1)
+    # lr * (0.1 + 0.9 * (1 + cos(pi * s / 4)) / 2): s = 0, 2, 4 -> 1e-3, 5.5e-4, 1e-4
+    assert [warmup_lr(ws, s) for s in (0, 2, 4)] == pytest.approx([1e-3, 5.5e-4, 1e-4])
+    assert warmup_lr(WarmStart(steps=5, lr=1e-3, schedule="constant"), 4) == 1e-3
+
+
+def test_pinned_worker_build(tmp_path, monkeypatch, capsys):
+    """The default build runs in a worker pinned to AVX2 kernels and one thread: it says so in done.json, and two
+    worker builds from callers with different thread counts are identical."""
+    import json
+
+    monkeypatch.setenv("MUTUAL_RL_PRESET_BUILD", "pinned")
+    ws = WarmStart(steps=3, batch_size=8)
+    kw = dict(seed=0, warmstart=ws, task=TASK, prompt_template="{problem}")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        m1, _ = load_preset("tiny:llama-char", cache_dir=tmp_path / "a", **kw)
+        torch.set_num_threads(1)
+        m2, _ = load_preset("tiny:llama-char", cache_dir=tmp_path / "b", **kw)
+    finally:
+        torch.set_num_threads(before)
+    for (k, a), b in zip(m1.state_dict().items(), m2.state_dict().values()):
+        assert torch.equal(a, b), k
+    (folder,) = (tmp_path / "a" / "presets").glob("tiny-llama-char-*[0-9a-f]")
+    info = json.loads((folder / "done.json").read_text())
+    assert info["build"]["pinned"] is True and info["build"]["cpu_capability"] in ("AVX2", "DEFAULT")
+    assert info["quality"]["problems"] == 40 and "built tiny:llama-char" in capsys.readouterr().err
+    assert sorted(p.name for p in folder.iterdir() if p.suffix == ".json") == ["config.json", "done.json",
+                                                                               "generation_config.json",
+                                                                               "tokenizer.json",
+                                                                               "tokenizer_config.json"]
+
+
+def test_pinned_worker_failure_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("MUTUAL_RL_PRESET_BUILD", "pinned")
+    # skills the task does not have: the worker's ValueError is raised here with its message
+    with pytest.raises(ValueError, match=r"warmstart.skills \['mul'\] not in the task's skills"):
+        load_preset("tiny:gpt2-bpe", seed=0, warmstart=WarmStart(steps=2, skills=["mul"]), task=TASK,
+                    prompt_template="{problem}", cache_dir=tmp_path)
+    monkeypatch.setenv("MUTUAL_RL_PRESET_BUILD", "elsewhere")
+    with pytest.raises(ValueError, match="MUTUAL_RL_PRESET_BUILD='elsewhere'"):
+        load_preset("tiny:gpt2-bpe", seed=0, warmstart=WarmStart(steps=2), task=TASK, prompt_template="{problem}",
+                    cache_dir=tmp_path)

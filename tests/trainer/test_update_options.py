@@ -135,8 +135,8 @@ def test_seq_mean_token_sum_norm_is_a_constant(policy):
         record = []
         _run(policy, plan, GRPOConfig(agg="seq-mean-token-sum-norm", old_logp="recompute"), record)
         grads.append(record[0])
-    for a, b in zip(grads[0], grads[1]):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)
+    for a, b in zip(grads[0], grads[1]):  # float noise only (another padded width); a 3/13 scaling is far outside
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
 
 
 # ------------------------------------------------------------------------------------------------ non-finite

@@ -109,11 +109,14 @@ class PassAtK(ProblemMean):
 
 
 class ComplementarityCounts(Metric):
-    """Joint all-fail / solved counts of N policies on the same problems (GRAFT Fig. 1).
+    """Joint all-fail / solved / all-pass counts of N policies on the same problems (GRAFT Fig. 1).
 
-    ``update(correct)`` takes ``[P, N]`` correct-sample counts (problem p, policy a). States:
-    ``all_fail[a]`` = #problems with ``c_a = 0``; ``solved[a, b]`` = #problems with ``c_a = 0`` and ``c_b >= 1``
-    (diagonal 0). The share of A's all-fail problems that B solves is ``solved[a, b] / all_fail[a]``.
+    ``update(correct, samples)`` takes ``[P, N]`` correct-sample counts (problem p, policy a) and optionally the
+    ``[P, N]`` sample counts. States: ``all_fail[a]`` = #problems with ``c_a = 0``; ``solved[a, b]`` = #problems
+    with ``c_a = 0`` and ``c_b >= 1``; ``all_pass[a, b]`` = #problems with ``c_a = 0`` and ``c_b = n_b`` (every
+    sample of B correct; 0 when ``samples`` is not given). Diagonals are 0. The share of A's all-fail problems
+    that B solves is ``solved[a, b] / all_fail[a]``; B's group there is *mixed* (``1 <= c_b < n_b``, what GRAFT
+    can graft) on ``solved[a, b] - all_pass[a, b]`` of them.
     """
 
     full_state_update = False
@@ -124,13 +127,17 @@ class ComplementarityCounts(Metric):
         self.num_policies = int(num_policies)
         self.add_state("all_fail", torch.zeros(num_policies, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("solved", torch.zeros(num_policies, num_policies, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("all_pass", torch.zeros(num_policies, num_policies, dtype=torch.long), dist_reduce_fx="sum")
 
-    def update(self, correct: torch.Tensor) -> None:
-        """correct: [P, N] long, correct samples per problem and policy."""
+    def update(self, correct: torch.Tensor, samples: torch.Tensor | None = None) -> None:
+        """correct: [P, N] long, correct samples per problem and policy; samples: [P, N] samples drawn."""
         correct = torch.as_tensor(correct, device=self.all_fail.device).long().reshape(-1, self.num_policies)
         fail = (correct == 0).long()  # [P, N]
         self.all_fail += fail.sum(0)
         self.solved += fail.T @ (correct > 0).long()  # [N, N]; diagonal is 0 (fail and solve exclude)
+        if samples is not None:
+            samples = torch.as_tensor(samples, device=correct.device).long().reshape(correct.shape)
+            self.all_pass += fail.T @ ((correct == samples) & (samples > 0)).long()
 
-    def compute(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.all_fail, self.solved
+    def compute(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.all_fail, self.solved, self.all_pass

@@ -176,8 +176,8 @@ class Evaluator:
         return out
 
     def complementarity(self) -> dict[str, float]:
-        """Flat ``complementarity/<A>-><B>`` (+ ``/all_fail``, ``/solved``) of the last ``finish()``; empty for
-        fewer than two policies."""
+        """Flat ``complementarity/<A>-><B>`` (+ ``/all_fail``, ``/solved``, ``/mixed_frac``, ``/all_pass_frac``)
+        of the last ``finish()``; empty for fewer than two policies."""
         return dict(self._complementarity)
 
     # ------------------------------------------------------------------------------------------ internals
@@ -203,13 +203,14 @@ class Evaluator:
     def _reduce_complementarity(self, names: list[str]) -> dict[str, float]:
         if len(names) < 2:
             return {}
-        by_policy = {name: {r.prompt_id: r.c for r in self._results.get(name, [])} for name in names}
+        by_policy = {name: {r.prompt_id: (r.c, r.n) for r in self._results.get(name, [])} for name in names}
         common = sorted(set.intersection(*(set(v) for v in by_policy.values())))
         table = torch.tensor([[by_policy[n][i] for n in names] for i in common], dtype=torch.long)
+        table = table.reshape(-1, len(names), 2)
         metric = ComplementarityCounts(len(names)).to(self._devices.get(names[0], _default_device()))
-        metric.update(table.reshape(-1, len(names)))
-        all_fail, solved = metric.compute()
-        return complementarity_table(names, all_fail.cpu(), solved.cpu())
+        metric.update(table[..., 0], table[..., 1])
+        all_fail, solved, all_pass = metric.compute()
+        return complementarity_table(names, all_fail.cpu(), solved.cpu(), all_pass.cpu())
 
 
 def _default_device() -> torch.device:

@@ -109,19 +109,35 @@ class WarmStart:
     """
 
     steps: int = 600
-    """Supervised steps (600 at lr 1e-3, batch 64 give ~20-30 % sampled pass@1 on 2-digit +/-)."""
+    """Supervised steps (the held-out quality each build lands at is printed and stored with it)."""
     lr: float = 1e-3
+    """Peak learning rate of AdamW."""
+    schedule: Literal["constant", "cosine"] = "cosine"
+    """Learning-rate schedule over the steps: constant, or cosine decay from lr to min_lr_ratio * lr (a decayed
+    end makes the final weights, and so the quality a build lands at, far less sensitive to small numerical
+    differences between machines)."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate of the cosine schedule, as a fraction of lr."""
     batch_size: int = 64
     skills: list[str] | None = None
     """Operators to learn (None = all the task has)."""
     other_skill_fraction: float = 0.0
     seed: int = 0
+    expect: dict[str, list[float]] | None = None
+    """Expected held-out pass@1 per skill as [low, high] (e.g. {add: [0.3, 0.6]}); a build outside the range
+    warns, naming the skill, the value and the range."""
 
     def __post_init__(self):
         if self.steps < 0:
             raise ValueError(f"warmstart.steps must be >= 0 (got {self.steps}).")
         if not 0.0 <= self.other_skill_fraction <= 1.0:
             raise ValueError(f"warmstart.other_skill_fraction must be in [0, 1] (got {self.other_skill_fraction}).")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"warmstart.min_lr_ratio must be in [0, 1] (got {self.min_lr_ratio}).")
+        for skill, bounds in (self.expect or {}).items():
+            if len(bounds) != 2 or not 0.0 <= bounds[0] <= bounds[1] <= 1.0:
+                raise ValueError(f"warmstart.expect[{skill!r}] must be [low, high] with 0 <= low <= high <= 1 "
+                                 f"(got {bounds}).")
 
 
 @dataclass

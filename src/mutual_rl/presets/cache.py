@@ -2,9 +2,21 @@
 
 A preset is identified by everything that determines its weights (preset name, seed, warm-up settings, the task
 it warms up on, the prompt template, whether prompts are wrapped in the chat template, and :data:`BUILD_VERSION`);
-the hash of that names its folder under the cache root (``$MUTUAL_RL_CACHE`` or ``~/.cache/mutual_rl``). Builds
-are deterministic, written to a temporary folder and renamed into place (atomic), under a file lock so that
-parallel runs build a preset only once (:func:`mutual_rl.presets.store.build_once`, also used for converted tokenizers).
+the hash of that names its folder under the cache root (``$MUTUAL_RL_CACHE`` or ``~/.cache/mutual_rl``).
+``warmstart.expect`` is not part of it (it checks a build, it does not change one).
+
+Builds are deterministic and pinned: a build runs in a fresh worker process
+(:mod:`mutual_rl.presets.build_worker`) with one torch thread, AVX2 kernels in ATen, MKL and oneDNN whatever the
+machine offers beyond AVX2, deterministic algorithms, seeded initialisation and data order -- so the same key
+gives the same weights on any x86-64 machine with AVX2 and the same torch version, whatever thread count the
+caller runs with (a warm-up amplifies last-bit differences of other kernels into other weights).
+``MUTUAL_RL_PRESET_BUILD=inprocess`` builds in the calling process instead (one thread and deterministic
+algorithms still, but the machine's own instruction set: deterministic on that machine only; the test suite
+uses it for speed); so does a task that is not a dataclass (the worker rebuilds the task from its fields).
+They are written to a temporary folder and renamed into place (atomic), under a file lock so that
+parallel runs build a preset only once (:func:`mutual_rl.presets.store.build_once`, also used for converted
+tokenizers). After the warm-up a quality report (held-out greedy and pass@1 per skill,
+:mod:`mutual_rl.presets.quality`) is printed, stored in ``done.json`` and checked against ``warmstart.expect``.
 """
 
 from __future__ import annotations
@@ -12,17 +24,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from mutual_rl.policies.spec import WarmStart
-from mutual_rl.presets.models import ARCHS, arch_for, build_untrained
+from mutual_rl.presets.models import ARCHS, arch_for
+from mutual_rl.presets.quality import announce
 from mutual_rl.presets.store import build_once, cache_root  # noqa: F401 (cache_root: public here too)
-from mutual_rl.presets.warmstart import warm_start
 
-BUILD_VERSION = 1
+BUILD_VERSION = 2
+"""2: one-thread deterministic builds, warm-up schedule, quality report (1: thread count of the caller)."""
 
 
 def preset_key(name: str, seed: int, warmstart: WarmStart, task, prompt_template: str,
@@ -32,7 +46,7 @@ def preset_key(name: str, seed: int, warmstart: WarmStart, task, prompt_template
     key = {
         "preset": name,
         "seed": seed,
-        "warmstart": dataclasses.asdict(warmstart),
+        "warmstart": {k: v for k, v in dataclasses.asdict(warmstart).items() if k != "expect"},
         "task": {"class": type(task).__name__, **dataclasses.asdict(task)},
         "prompt_template": prompt_template,
         "version": BUILD_VERSION,
@@ -58,8 +72,12 @@ def load_preset(name: str, *, seed: int, warmstart: WarmStart, task, prompt_temp
     arch_for(name)  # validate the name before any work
     key = preset_key(name, seed, warmstart, task, prompt_template, chat_template)
     path = preset_dir(key, cache_dir)
-    build_once(path, lambda tmp: _build(name, key, tmp, seed, warmstart, task, prompt_template, chat_template,
-                                        cache_dir))
+    built = []
+    build_once(path, lambda tmp: built.append(1) or _build(name, key, tmp, seed, warmstart, task, prompt_template,
+                                                           chat_template, cache_dir))
+    report = json.loads((path / "done.json").read_text()).get("quality")
+    if report is not None:
+        announce(name, report, warmstart.expect, built=bool(built))
     model = AutoModelForCausalLM.from_pretrained(path, **{"dtype": torch.float32, **model_kwargs})
     tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
     tokenizer.padding_side = "left"
@@ -67,20 +85,19 @@ def load_preset(name: str, *, seed: int, warmstart: WarmStart, task, prompt_temp
 
 
 def _build(name, key, tmp: Path, seed, warmstart, task, prompt_template, chat_template=False, cache_dir=None):
-    from mutual_rl.thl.retokenize import prompt_ids
-
-    model, tokenizer = build_untrained(name, seed, cache_dir=cache_dir)
-    if chat_template and not getattr(tokenizer, "chat_template", None):
+    """Build preset ``name`` into ``tmp``: in a pinned worker process (module docstring) unless
+    ``$MUTUAL_RL_PRESET_BUILD`` is ``inprocess`` or the task cannot be described to one (not a dataclass)."""
+    if chat_template and not ARCHS[name[len("tiny:"):] if name.startswith("tiny:") else name].has_chat_template:
         choices = ", ".join(f"tiny:{k}" for k, a in ARCHS.items() if a.has_chat_template)
         raise ValueError(f"preset {name!r} has no chat template, but this policy sets chat_template: true; set it "
                          f"to false, or use a preset with one ({choices}).")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(warmstart.seed + seed)
-        losses = warm_start(
-            model, tokenizer, task.train_problems(), lambda q: prompt_template.replace("{problem}", q),
-            task.target_text, warmstart, desc=f"building {name}",
-            encode_prompt=lambda text: prompt_ids(tokenizer, text, chat_template=chat_template),
-        )
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    return {**key, "final_loss": losses[-1] if losses else None}
+    mode = os.environ.get("MUTUAL_RL_PRESET_BUILD", "pinned")
+    if mode not in ("pinned", "inprocess"):
+        raise ValueError(f"MUTUAL_RL_PRESET_BUILD={mode!r}: use 'pinned' (default) or 'inprocess'.")
+    if mode == "inprocess" or not dataclasses.is_dataclass(task):
+        from mutual_rl.presets.build import build_here
+
+        return build_here(name, key, tmp, seed, warmstart, task, prompt_template, chat_template, cache_dir)
+    from mutual_rl.presets.build_worker import run_pinned
+
+    return run_pinned(name, key, tmp, seed, warmstart, task, prompt_template, chat_template, cache_dir)

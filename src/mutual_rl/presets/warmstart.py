@@ -1,8 +1,8 @@
 """Supervised warm-up of a tiny preset so that RL has signal from the first step.
 
-Loss: next-token cross-entropy on the answer tokens and the EOS only (prompt tokens are context), AdamW at a
-constant learning rate, batches drawn with replacement from the task's train split filtered by skill
-(docs/calibration.md: ~300 steps at lr 1e-3, batch 64 give ~50 % greedy / ~25 % sampled pass@1 on 2-digit addition).
+Loss: next-token cross-entropy on the answer tokens and the EOS only (prompt tokens are context), AdamW at
+``spec.lr`` with ``spec.schedule`` (constant, or cosine decay to ``min_lr_ratio * lr`` at the last step), batches
+drawn with replacement from the task's train split filtered by skill (seeded by ``spec.seed``).
 Prompt and answer are tokenized separately and concatenated, exactly as rollouts are (the prompt by the policy's
 own prompt encoder -- ``mutual_rl.thl.retokenize.prompt_ids``, with its chat template when the policy sets
 ``chat_template`` -- the answer without special tokens), so warm-up and RL see the same token layout.
@@ -14,6 +14,7 @@ most of the step. Equal to the loss from full logits (tested).
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 
@@ -73,7 +74,9 @@ def warm_start(
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
     model.train()
     losses = []
-    for _ in tqdm(range(spec.steps), desc=desc, leave=False):
+    for step in tqdm(range(spec.steps), desc=desc, leave=False):
+        for group in opt.param_groups:
+            group["lr"] = warmup_lr(spec, step)
         batch = [examples[rng.randrange(len(examples))] for _ in range(spec.batch_size)]
         ids, labels, attn = _collate(batch, tokenizer.pad_token_id)
         loss = target_loss(model, ids, attn, labels)
@@ -84,6 +87,16 @@ def warm_start(
         losses.append(loss.detach().item())
     model.eval()
     return losses
+
+
+def warmup_lr(spec: WarmStart, step: int) -> float:
+    """Learning rate of warm-up step ``step`` (0-based): ``lr``, or for ``cosine``
+    ``lr * (r + (1 - r) * (1 + cos(pi * step / (steps - 1))) / 2)`` with ``r = min_lr_ratio`` (lr at step 0,
+    ``r * lr`` at the last step)."""
+    if spec.schedule == "constant" or spec.steps <= 1:
+        return spec.lr
+    r = spec.min_lr_ratio
+    return spec.lr * (r + (1 - r) * (1 + math.cos(math.pi * step / (spec.steps - 1))) / 2)
 
 
 def target_loss(model, ids: torch.Tensor, attn: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
