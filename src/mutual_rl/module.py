@@ -41,6 +41,7 @@ from mutual_rl.regimes.crossing import thl_residual
 from mutual_rl.resume import apply_optimizer_settings, match_policies_by_name
 from mutual_rl.rewards import RewardError, RewardTerm, build_reward
 from mutual_rl.rollout import RolloutEngine, get_engine
+from mutual_rl.rollout.dynamic import check_dynamic_sampling, dynamic_sample, sample_round
 from mutual_rl.step_metrics import (
     COUNT_PREFIXES,
     COUNT_SUFFIXES,
@@ -136,6 +137,7 @@ class MutualRLModule(LightningModule):
                         for p in self.specs}
         for r in self.regimes.values():
             r.success_threshold = self.algorithm.success_threshold
+        check_dynamic_sampling(self.algorithm, self.specs, self.regimes)  # only without sharing
         self._own_exchange = None
         self.budgets: dict = {}  # policy -> budget (n, max_new_tokens, update), set by the MWRA callback per step
         self.reward_name = reward
@@ -310,7 +312,8 @@ class MutualRLModule(LightningModule):
                             write=self.trainer.is_global_zero)
 
     def _rollout_and_score(self, spec: PolicySpec, batch: PromptBatch, step: int):
-        """This step's scored groups of one policy and their metrics."""
+        """This step's scored groups of one policy and their metrics; with ``algorithm.dynamic_sampling`` its mixed
+        groups topped up from extra prompts (:mod:`mutual_rl.rollout.dynamic`; not on a step it does not update)."""
         sampling = spec.sampling
         budget = self.budgets.get(spec.name)
         if budget is not None:  # MWRA: rollouts per prompt, max new tokens and rollout placement for this step
@@ -318,16 +321,19 @@ class MutualRLModule(LightningModule):
             place = getattr(self.engine, "place", None)
             if place is not None:
                 place(spec.name, budget.placement)
-        t0 = time.perf_counter()
-        per_prompt = self.engine.generate(self.policies[spec.name], batch.problems, sampling, step=step,
-                                          group_id_base=batch.offset)
-        gen_s = time.perf_counter() - t0
-        a = self.algorithm
-        groups, m = score_groups(spec.name, batch.problems, per_prompt, self.reward_fn, eps=a.eps, scale=a.scale,
-                                 success_threshold=a.success_threshold)
-        m["gen_tokens_per_s"] = m["response_length"] * sum(len(r) for r in per_prompt) / max(gen_s, 1e-9)
-        m["gen_s"] = gen_s
-        return groups, m
+        policy, a = self.policies[spec.name], self.algorithm
+
+        def generate(problems, group_id_base: int):
+            return self.engine.generate(policy, problems, sampling, step=step, group_id_base=group_id_base)
+
+        def score(problems, per_prompt):
+            return score_groups(spec.name, problems, per_prompt, self.reward_fn, eps=a.eps, scale=a.scale,
+                                success_threshold=a.success_threshold)
+
+        if not a.dynamic_sampling or (budget is not None and not budget.update):
+            return sample_round(generate, score, batch.problems, batch.offset)
+        return dynamic_sample(generate, score, batch, step=step, max_rounds=a.dynamic_sampling_max_rounds,
+                              datamodule=self._datamodule(), lockstep=lockstep_needed(policy.model))
 
     def _advance_step_counter(self) -> None:
         """One training step = one ``global_step``, however many optimizer steps the policies took."""

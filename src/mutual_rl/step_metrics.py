@@ -57,14 +57,18 @@ def log_histograms(logger, hists: dict, step: int) -> None:
 
 
 def log_samples(logger, groups: dict, batch, step: int, every: int) -> None:
-    """Every ``every`` steps (0 = never), a TensorBoard text table per policy: 2 responses to each of the batch's
-    first 4 prompts, with their rewards."""
+    """Every ``every`` steps (0 = never), a TensorBoard text table per policy: 2 responses to each of its first 4
+    groups, with their rewards. A group's prompt is looked up by prompt id among the batch's problems (a group of
+    DAPO dynamic sampling's extra rounds has none there: it shows its rendered prompt and no answer)."""
     exp = getattr(logger, "experiment", None)
     if not every or step % every or not hasattr(exp, "add_text"):
         return
+    problems = {p.prompt_id: p for p in batch.problems}
     for name, gs in groups.items():
         rows = ["| prompt | answer | response | reward |", "|---|---|---|---|"]
-        for problem, g in list(zip(batch.problems, gs))[:4]:
+        for g in list(gs)[:4]:
+            problem = problems.get(g.prompt_id)
+            text, answer = (problem.problem, problem.answer) if problem else (g.rollouts[0].prompt_text, "")
             for r, rew in list(zip(g.rollouts, g.rewards.tolist()))[:2]:
-                rows.append(f"| `{problem.problem}` | `{problem.answer}` | `{r.response_text!r}` | {rew:g} |")
+                rows.append(f"| `{text}` | `{answer}` | `{r.response_text!r}` | {rew:g} |")
         exp.add_text(f"{name}/samples", "\n".join(rows), step)

@@ -1,5 +1,5 @@
 """``self/approx_kl``: the k3 KL of the current policy to the receiver's behaviour policy on its *own* rows, logged
-by every objective (dapo, prp_tis, hacpo), so it compares across regimes; ``approx_kl`` is kept (all rows: for PRP
+by every objective (dapo, prp_tis, hacpo, ftis), so it compares across regimes; ``approx_kl`` is kept (all rows: for PRP
 ``peer_aligned`` its peer tokens are measured against the aligned peer trace)."""
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def test_dapo_without_peers_self_equals_all_rows():
     ("dapo", {}, None),
     ("prp_tis", {"is_cap": 2.0}, {"tis": PEER.float()}),
     ("hacpo", {"lower": 0.8}, {"src_mean_logp": torch.tensor([0.0, 0.0, -8.5, -7.0]), "cap_ratio": torch.ones(4)}),
+    ("ftis", {"is_cap": 2.0}, {"tis": PEER.float(), "gen_logp": OLD - 0.5}),  # old_logp: π_R,old of peer rows
 ])
 def test_self_approx_kl_is_own_rows_only(name, kw, extras):
     m = run(name, batch(PEER, extras), **kw)

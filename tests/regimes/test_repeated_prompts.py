@@ -44,7 +44,8 @@ def test_pairing_by_identity_then_by_occurrence():
 
 
 @pytest.mark.parametrize("regime,args", [("xgrpo", {}), ("prp", {}), ("prp", {"denominator": "peer_aligned"}),
-                                         ("sgt", {}), ("graft", {"delta": 0.0}), ("hacpo", {})])
+                                         ("sgt", {}), ("graft", {"delta": 0.0}), ("hacpo", {}),
+                                         ("ftis", {})])
 def test_every_regime_accounts_each_slot_once(regime, args):
     recv = FakeReceiver("r", logp_fn=lambda ids, w: torch.full((ids.shape[0], w), -0.5))
     own = same_prompt("r", [F, F, [1, 0, 0, 0]])
@@ -52,10 +53,10 @@ def test_every_regime_accounts_each_slot_once(regime, args):
              "t": same_prompt("t", [[1, 0, 0, 0], [0, 1, 1, 0], [0, 0, 0, 0]], kind="bpe")}
     plan = get_regime(regime, **args).plan(recv, own, peers, 2)
     assert_flows(plan, peers)
-    if regime in ("xgrpo", "prp", "hacpo"):  # each pools its own slot's peer groups only: nothing counted twice
+    if regime in ("xgrpo", "prp", "hacpo", "ftis"):  # each pools its own slot's peer groups only: nothing counted twice
         assert all(f == {"consumed": 12} for f in plan.flows.values()), plan.flows
     rows = len(plan.batch)
-    expected_rows = {"xgrpo": 12, "prp": 36, "hacpo": 36, "sgt": 12}.get(regime)
+    expected_rows = {"xgrpo": 12, "prp": 36, "hacpo": 36, "ftis": 36, "sgt": 12}.get(regime)
     if expected_rows is not None:
         assert rows == expected_rows
 

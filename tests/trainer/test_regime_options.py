@@ -30,6 +30,7 @@ REGIMES = [
     ("sgt", {"coef": 0.3}),
     ("graft", {"delta": 0.0}),
     ("hacpo", {}),
+    ("ftis", {}),
 ]
 
 
@@ -78,7 +79,7 @@ def test_regime_with_kl_lora_repeated_prompts(regime, args, lora, tmp_path):
             assert all("lora_" in k for k in changed)
         kl = [r[f"{name}/kl"] for r in rec.rows if f"{name}/kl" in r]
         assert kl and all(math.isfinite(v) and v >= 0 for v in kl), (name, kl)
-    if regime in ("prp", "hacpo"):  # regimes that carry every peer response across: THL residual per direction
+    if regime in ("prp", "hacpo", "ftis"):  # regimes that carry every peer response across: THL residual per direction
         for r in names:
             for src in names:
                 if src != r:

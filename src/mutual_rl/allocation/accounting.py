@@ -1,11 +1,11 @@
 """MWRA accounting: cumulative per-policy resource totals, checkpointed with the callback (docs/design.md, rule 11).
 
-Per policy and step: ``generated_tokens`` (response tokens sampled), ``trained_tokens`` (response tokens that
-went through forward/backward in the update; 0 on a step the policy does not update), ``wall_s`` (rollout +
-update seconds) and ``device_s`` (``wall_s`` times the number of devices that served the policy: every device of
-the trainer for a colocated policy, 1 for a policy placed on one device). ``steps`` and ``updates`` count steps
-seen and steps the policy updated. Totals are plain floats/ints: ``state_dict`` / ``load_state_dict`` continue
-them exactly.
+Per policy and step: ``generated_tokens`` (response tokens sampled, extra rollouts included), ``trained_tokens``
+(response tokens that went through forward/backward in the update; 0 on a step the policy does not update),
+``wall_s`` (rollout + update seconds) and ``device_s`` (``wall_s`` times the number of devices that served the
+policy: every device of the trainer for a colocated policy, 1 for a policy placed on one device). ``steps`` and
+``updates`` count steps seen and steps the policy updated. Totals are plain floats/ints: ``state_dict`` /
+``load_state_dict`` continue them exactly.
 """
 
 from __future__ import annotations
@@ -52,16 +52,21 @@ def step_usage(
 ) -> PolicyUsage:
     """One step's usage of policy ``name`` from the module's logged metrics (``<name>/<key>``).
 
-    Reads ``response_length`` (mean response tokens), ``gen_s`` (or ``gen_tokens_per_s``), ``trained_tokens``
-    and ``train_s`` (or ``train_tokens_per_s``). Seconds derived from a throughput are exact inversions of how
-    the module computes it; a missing metric counts 0. ``num_prompts``: all ranks' prompts; ``ranks``: the
-    number of processes whose per-rank mean ``trained_tokens`` the metrics hold (trained tokens = mean x ranks).
+    Reads ``generated_tokens`` (response tokens sampled this step, every rollout included, such as DAPO dynamic
+    sampling's extra rounds; without it: ``response_length`` x ``n`` x ``num_prompts``), ``gen_s`` (or
+    ``gen_tokens_per_s``), ``trained_tokens`` and ``train_s`` (or ``train_tokens_per_s``). Seconds derived from a
+    throughput are exact inversions of how the module computes it; a missing metric counts 0. ``num_prompts``: all
+    ranks' prompts; ``ranks``: the number of processes whose per-rank means ``generated_tokens`` and
+    ``trained_tokens`` the metrics hold (total = mean x ranks).
     """
     def get(key: str) -> float:
         v = metrics.get(f"{name}/{key}")
         return float(v) if v is not None else 0.0
 
-    generated = get("response_length") * n * num_prompts
+    if f"{name}/generated_tokens" in metrics:
+        generated = get("generated_tokens") * ranks
+    else:
+        generated = get("response_length") * n * num_prompts
     gen_s = get("gen_s") if f"{name}/gen_s" in metrics else _seconds(generated, get("gen_tokens_per_s"))
     trained = get("trained_tokens") * ranks if updated else 0.0
     if not updated:

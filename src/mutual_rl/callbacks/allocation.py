@@ -8,7 +8,8 @@ Hooks:
 * ``on_train_batch_start``: plans this step with :func:`mutual_rl.allocation.plan_budgets` and sets
   ``pl_module.budgets = {name: Budget(n, max_new_tokens, update, placement)}``.
 * ``on_train_batch_end``: reads the step's per-policy metrics the module logged (``<name>/all_fail_frac``,
-  ``<name>/response_length``, ``<name>/gen_tokens_per_s`` or ``gen_s``, ``<name>/trained_tokens``,
+  ``<name>/generated_tokens`` -- every response token sampled, DAPO dynamic sampling's extra rounds included --
+  or ``<name>/response_length``, ``<name>/gen_tokens_per_s`` or ``gen_s``, ``<name>/trained_tokens``,
   ``<name>/train_tokens_per_s`` or ``train_s``) from ``trainer.callback_metrics``, updates the all-fail EMA
   used by the adaptive plan and the accounting totals, and logs ``alloc/<name>/n``, ``alloc/<name>/update`` and
   ``alloc/<name>/<field>_total``. With several processes the totals are over all ranks (each rank trains its own

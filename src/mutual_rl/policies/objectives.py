@@ -16,7 +16,8 @@ averages them token-weighted. An objective that does not use a standard argument
 
 The math lives in ``mutual_rl.algorithms`` (pure tensor functions); the objectives here adapt a
 :class:`~mutual_rl.types.PolicyBatch` to it. Every built-in objective is defined in this file, so the registry
-never imports the regimes: ``dapo`` (every regime by default), ``prp_tis`` (PRP ``peer_aligned``) and ``hacpo``.
+never imports the regimes: ``dapo`` (every regime by default), ``prp_tis`` (PRP ``peer_aligned``), ``hacpo`` and
+``ftis`` (F-TIS).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from mutual_rl.algorithms import kl_penalty, masked_mean, policy_loss
+from mutual_rl.algorithms.ftis import ftis_loss
 from mutual_rl.algorithms.hacpo import hacpo_sequence_loss, lower_bound
 from mutual_rl.algorithms.importance import truncated_is_loss
 
@@ -169,4 +171,51 @@ def hacpo(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind, t
         with torch.no_grad():
             own = sub.response_mask * (~sub.is_peer).to(sub.response_mask.device).unsqueeze(-1)
             metrics["self/approx_kl"] = masked_mean(kl_penalty(sub.old_logp, logp.detach(), "k3"), own)
+    return loss, metrics
+
+
+@register_objective("ftis")
+def ftis(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind, token_count, num_seqs, max_len,
+         ref_logp=None, update_index: int = 0, is_cap: float = 2.0):
+    """F-TIS (docs/methods.md §5.7): DAPO on own rows + the truncated-IS-weighted clipped surrogate
+    (:func:`~mutual_rl.algorithms.ftis.ftis_loss`) on peer rows.
+
+    Rows with ``sub.extras["tis"] > 0`` are peer rows: their ``old_logp`` is the receiver's ``π_R,old`` and
+    ``sub.extras["gen_logp"]`` (``[b, T]``) the generator's trace; the weight is ``min(π_R,old / π_gen, is_cap)``.
+    Both parts share the global normalisers (this call's own counts over *all* its rows when none are given), so
+    the sum is micro-batch invariant. The KL penalty covers every row. ``approx_kl`` (all rows) and its parts
+    ``self/approx_kl`` / ``peer/approx_kl`` are k3 to ``π_R,old``.
+    """
+    mask = sub.response_mask
+    if token_count is None:
+        token_count = mask.sum()
+    if num_seqs is None:
+        num_seqs = int((mask.sum(-1) > 0).sum())
+    tis = sub.extras["tis"] > 0
+    loss = logp.sum() * 0.0
+    metrics: dict[str, torch.Tensor] = {}
+    own_rows, peer_rows = (~tis).nonzero().squeeze(-1), tis.nonzero().squeeze(-1)
+    clip = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, kl_coef=kl_coef,
+                kl_kind=kl_kind)
+    if len(own_rows):
+        own_loss, m = dapo_terms(logp[own_rows], sub.select(own_rows), **clip, token_count=token_count,
+                                 num_seqs=num_seqs, max_len=max_len,
+                                 ref_logp=ref_logp[own_rows] if ref_logp is not None else None)
+        loss = loss + own_loss
+        for k in ("clip_frac_low", "clip_frac_high", "ratio_mean", "approx_kl", "num_tokens"):
+            metrics[f"self/{k}"] = m[k]
+    if len(peer_rows):
+        part = sub.select(peer_rows)
+        peer_loss, m = ftis_loss(
+            logp[peer_rows], part.old_logp, part.extras["gen_logp"], part.advantages, part.response_mask,
+            is_cap=is_cap, **clip, weights=part.weights, max_len=max_len, token_count=token_count,
+            num_seqs=num_seqs, ref_logp=ref_logp[peer_rows] if ref_logp is not None else None,
+        )
+        loss = loss + peer_loss
+        metrics.update(m)
+    with torch.no_grad():
+        metrics["approx_kl"] = masked_mean(kl_penalty(sub.old_logp, logp.detach(), "k3"), mask)
+        if ref_logp is not None:
+            metrics["kl"] = masked_mean(kl_penalty(logp.detach(), ref_logp, kl_kind), mask)
+        metrics["num_tokens"] = mask.sum()
     return loss, metrics

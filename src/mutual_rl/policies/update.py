@@ -64,6 +64,13 @@ class GRPOConfig:
     on_nonfinite: Literal["raise", "skip"] = "raise"
     """A non-finite advantage, loss or gradient: raise (stop with an error naming the policy and the quantity) |
     skip (refuse that optimizer step, leave the weights and AdamW state as they were, count it in nonfinite_skipped)."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop each policy's groups whose rewards are all equal (all-pass, all-fail) and sample
+    extra training prompts until it holds data.batch_size mixed groups; only with model.regime: none
+    (docs/methods.md section 1)."""
+    dynamic_sampling_max_rounds: int = 9
+    """Dynamic sampling: at most this many extra rounds of data.batch_size prompts per policy and step, then train
+    on the mixed groups found (logged as limit_hit); 0 = filter only."""
 
     def loss_kwargs(self) -> dict:
         """The scalars every objective takes (``policies.objectives``): clip bounds, dual clip, aggregation, KL."""
@@ -82,6 +89,9 @@ class GRPOConfig:
                 raise ValueError(f"algorithm.{name}={value!r} is not one of: {', '.join(choices)}.")
         if self.ppo_epochs < 1 or self.num_mini_batches < 1 or self.micro_batch_size < 0:
             raise ValueError("algorithm.ppo_epochs and num_mini_batches must be >= 1, micro_batch_size >= 0.")
+        if self.dynamic_sampling_max_rounds < 0:
+            raise ValueError(f"algorithm.dynamic_sampling_max_rounds must be >= 0 (0 = filter only, no extra rounds), "
+                             f"got {self.dynamic_sampling_max_rounds}.")
 
 
 NONFINITE_ACTIONS = ("raise", "skip")

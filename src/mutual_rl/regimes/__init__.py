@@ -16,6 +16,7 @@ from mutual_rl.regimes.base import (
     register_regime,
     split_rows,
 )
+from mutual_rl.regimes.ftis import FTIS
 from mutual_rl.regimes.graft import GRAFT
 from mutual_rl.regimes.hacpo import HACPO
 from mutual_rl.regimes.prp import PRP
@@ -61,7 +62,7 @@ def available_regimes() -> list[str]:
 
 
 __all__ = [
-    "GRAFT", "HACPO", "PRP", "SGT", "XGRPO", "NoSharing",
+    "FTIS", "GRAFT", "HACPO", "PRP", "SGT", "XGRPO", "NoSharing",
     "NLLTerm", "Regime", "TrainingPlan", "as_regime", "available_regimes", "get_regime", "own_batch",
     "regime_name", "register_regime", "split_rows",
 ]

@@ -26,6 +26,11 @@ As implemented, for a receiver ``R`` and each source ``S`` (success = ``reward >
    the grafted rows' ``old_logp`` (``needs_old_logp`` False): the token ratio's denominator is ``π_R,old``.
    *(ours)* If every response of a selected group falls below the floor, nothing is grafted for that prompt
    and ``R`` keeps its own (all-fail, zero-advantage) group, so a batch is never emptied.
+   **Ablations** (the paper's): ``compatibility="off"`` — every evaluated response gets ``w = 1`` and none is
+   dropped by the floor (``s`` is still computed: it is logged, and its receiver log-probs are the rows'
+   ``old_logp``); ``transfer="successes"`` — only the selected group's successes (``k_S(q) ≥ 1`` of them) are
+   crossed, evaluated and grafted, each with its source advantage, floor and weight as above; its failures are
+   dropped (``not_success``). Candidates, balancing and the source choice are the same in every ablation.
 5. **Objective**: token-mean DAPO (objective ``dapo``) with ``PolicyBatch.weights = w`` (own rows ``w = 1``).
 6. **Peer-last** (``peer_last``). ``in_batch`` (default, the paper): the grafted groups replace ``R``'s failed
    groups *inside* the batch; the rows are ``R``'s remaining own groups in order, then the grafted groups (in
@@ -45,20 +50,26 @@ As implemented, for a receiver ``R`` and each source ``S`` (success = ``reward >
    log-probs of ``R``'s tokens (the grafted responses are trained as ``R``'s tokens).
 
 Flows (per source, in responses; they sum to the responses delivered): ``consumed`` (grafted, ``w > 0``),
-``compat_below_floor`` (selected but ``s ≤ δ``), ``not_candidate`` (``q ∉ C_{S→R}``), ``unbalanced`` (cut by
-balancing), ``other_source`` (N > 2: another source chosen for ``q``), ``no_own_group`` (``R`` has no group for
-``q``; not expected when peers answer the receiver's prompts).
+``compat_below_floor`` (selected but ``s ≤ δ``), ``not_success`` (``transfer="successes"``: a failure of a
+selected group), ``not_candidate`` (``q ∉ C_{S→R}``), ``unbalanced`` (cut by balancing), ``other_source``
+(N > 2: another source chosen for ``q``), ``no_own_group`` (``R`` has no group for ``q``; not expected when peers
+answer the receiver's prompts).
 
 Metrics (``TrainingPlan.metrics``): per source ``candidates/<S>`` = ``|C_{S→R}|``, ``candidates_reverse/<S>`` =
 ``|C_{R→S}|``, ``selected/<S>`` (after balancing), ``rescued/<S>`` (``R``'s failed prompts replaced by ``S``'s
 group), ``transferred_responses/<S>`` (admitted); overall ``transferred_groups``, ``transferred_responses``,
-``admitted_frac`` (admitted / evaluated responses), ``compat_s_mean|min|max`` (when any response was evaluated)
-and ``hist/compat_s``: a 1-D tensor of every evaluated ``s`` (possibly empty), which the module logs as a
-TensorBoard histogram.
+``admitted_frac`` (admitted / evaluated responses), ``compat_s_mean|min|max`` (when any response was evaluated),
+``hist/compat_s``: a 1-D tensor of every evaluated ``s`` (possibly empty), which the module logs as a TensorBoard
+histogram; and the gate split by the peer response's reward (does it admit mostly the peer's failures?):
+``evaluated_success|failure``, ``admitted_success|failure`` (counts) and ``admitted_frac_success|failure``
+(admitted / evaluated among the evaluated successes / failures; absent on a step that evaluated none of that
+kind, so the log shows a gap).
 
-Constructor arguments (``init_args`` of ``model.regime`` in a config): ``delta`` (δ, 0.8), ``balance`` (True; False in stored-peer
-mode), ``policy_order`` (None), ``logp_batch_size`` (rows per receiver forward pass
-of the compatibility evaluation, 16; 0 = all at once), ``peer_last`` (``in_batch`` | ``extra`` | ``none``).
+Constructor arguments (``init_args`` of ``model.regime`` in a config): ``delta`` (δ, 0.8), ``balance`` (True;
+False in stored-peer mode), ``policy_order`` (None), ``logp_batch_size`` (rows per receiver forward pass of the
+compatibility evaluation, 16; 0 = all at once), ``peer_last`` (``in_batch`` | ``extra`` | ``none``),
+``compatibility`` (``weighted`` | ``off``), ``transfer`` (``group`` | ``successes``); the ablation configs are
+``configs/graft_no_peer_last.yaml``, ``graft_no_compat.yaml`` and ``graft_successes.yaml``.
 """
 
 from __future__ import annotations
@@ -83,6 +94,8 @@ from mutual_rl.regimes.crossing import cross_rollouts, receiver_logp, receiver_p
 from mutual_rl.types import ScoredGroup
 
 PEER_LAST = ("in_batch", "extra", "none")
+COMPATIBILITY = ("weighted", "off")
+TRANSFER = ("group", "successes")
 
 __all__ = ["GRAFT", "balanced_candidates", "candidate_prompts", "compatibility_score", "compatibility_weight"]
 
@@ -145,15 +158,24 @@ class GRAFT(Regime):
             mini-batches holding them run last; number and size of mini-batches unchanged) | extra (grafted rows
             in additional mini-batches after the own ones: more optimizer steps) | none (grafted groups stay in
             the receiver's prompt order; ablation).
+        compatibility: weighted (the paper: w = 1[s > delta] * min(s, 1)) | off (ablation: every grafted
+            response gets w = 1 and none is dropped by the floor; s is still computed and logged).
+        transfer: group (the paper: the source group whole, successes and failures) | successes (ablation: only
+            the source group's successes, each with its source advantage; failures dropped as not_success).
     """
 
     subscribes = ("rollout", "reward", "advantage")
 
     def __init__(self, delta: float = 0.8, balance: bool = True, policy_order: list[str] | None = None,
-                 logp_batch_size: int = 16, peer_last: Literal["in_batch", "extra", "none"] = "in_batch"):
-        if peer_last not in PEER_LAST:
-            raise ValueError(f"graft: peer_last={peer_last!r} is not one of: {', '.join(PEER_LAST)}.")
-        self.peer_last = peer_last
+                 logp_batch_size: int = 16, peer_last: Literal["in_batch", "extra", "none"] = "in_batch",
+                 compatibility: Literal["weighted", "off"] = "weighted",
+                 transfer: Literal["group", "successes"] = "group"):
+        for name, value, choices in (("peer_last", peer_last, PEER_LAST),
+                                     ("compatibility", compatibility, COMPATIBILITY),
+                                     ("transfer", transfer, TRANSFER)):
+            if value not in choices:
+                raise ValueError(f"graft: {name}={value!r} is not one of: {', '.join(choices)}.")
+        self.peer_last, self.compatibility, self.transfer = peer_last, compatibility, transfer
         if delta < 0:
             raise ValueError(f"graft: delta must be >= 0, got {delta}")
         if logp_batch_size < 0:
@@ -181,8 +203,8 @@ class GRAFT(Regime):
                 peer_by[src][key] = g
         metrics: dict = {}
         cands, kept, chosen = self._select(own_by, peer_by, order, metrics)
-        grafted, below, all_s, evaluated, crossed = self._graft(receiver, own, own_by, peer_by, chosen)
-        flows = self._flows(peers, pairing, peer_by, cands, kept, chosen, below)
+        grafted, dropped, all_s, split, crossed = self._graft(receiver, own, own_by, peer_by, chosen)
+        flows = self._flows(peers, pairing, peer_by, cands, kept, chosen, dropped)
         for src in order:
             metrics[f"rescued/{src}"] = float(sum(1 for _, s_, _ in grafted if s_ == src))
             metrics[f"transferred_responses/{src}"] = float(sum(len(r) for _, s_, r in grafted if s_ == src))
@@ -191,7 +213,13 @@ class GRAFT(Regime):
         s_all = torch.cat(all_s).float() if all_s else torch.zeros(0)
         metrics["transferred_groups"] = float(len(grafted))
         metrics["transferred_responses"] = float(n_peer)
+        evaluated = sum(split[f"evaluated_{kind}"] for kind in ("success", "failure"))
         metrics["admitted_frac"] = float(n_peer / evaluated) if evaluated else 0.0
+        for kind in ("success", "failure"):  # the gate's admissions by the peer response's reward
+            n_eval, n_adm = split[f"evaluated_{kind}"], split[f"admitted_{kind}"]
+            metrics[f"evaluated_{kind}"], metrics[f"admitted_{kind}"] = float(n_eval), float(n_adm)
+            if n_eval:
+                metrics[f"admitted_frac_{kind}"] = float(n_adm / n_eval)
         if evaluated:
             metrics["compat_s_mean"] = float(s_all.mean())
             metrics["compat_s_min"] = float(s_all.min())
@@ -220,38 +248,56 @@ class GRAFT(Regime):
         return cands, kept, chosen
 
     def _graft(self, receiver, own, own_by, peer_by, chosen):
-        """Step 4: cross every chosen group, score each response's compatibility, keep ``w > 0``.
+        """Step 4: cross every chosen group (its successes only with ``transfer="successes"``), score each
+        response's compatibility, keep ``w > 0``.
 
         Returns ``grafted`` (``[(key, source, [(crossed with old logp, advantage, w), ...])]`` in ``R``'s group
-        order), the per-source count of responses below the floor, the evaluated ``s``, their number and every
-        crossed response."""
-        selected = [(q, chosen[q]) for q in own_by if q in chosen]
+        order), the per-source, per-group drop counts (``{src: {key: {reason: n}}}``), the evaluated ``s``, the
+        evaluated / admitted counts split by the peer response's reward, and every crossed response."""
+        thr = self.success_threshold
+        selected = []  # (key, source, indices of the responses to cross)
+        for q in own_by:
+            if q in chosen:
+                g = peer_by[chosen[q]][q]
+                ok = (g.rewards > thr).tolist()
+                idx = [i for i in range(len(g.rollouts)) if self.transfer == "group" or ok[i]]
+                selected.append((q, chosen[q], idx))
         prompt_ids = receiver_prompt_ids(own)
-        crossed_groups = [cross_rollouts(receiver, peer_by[src][q].rollouts, prompt_ids) for q, src in selected]
+        crossed_groups = [cross_rollouts(receiver, [peer_by[src][q].rollouts[i] for i in idx], prompt_ids)
+                          for q, src, idx in selected]
         flat = [c for cs in crossed_groups for c in cs]
         r_logp = receiver_logp(receiver, flat, self.logp_batch_size)
         all_s: list[torch.Tensor] = []
         grafted = []
-        below: dict[str, dict] = {src: {} for src in peer_by}
-        pos, evaluated = 0, 0
-        for (q, src), cs in zip(selected, crossed_groups):
+        dropped: dict[str, dict] = {src: {} for src in peer_by}
+        split = dict.fromkeys(("evaluated_success", "evaluated_failure", "admitted_success", "admitted_failure"), 0)
+        pos = 0
+        for (q, src, idx), cs in zip(selected, crossed_groups):
             g = peer_by[src][q]
             traces = r_logp[pos : pos + len(cs)]
             pos += len(cs)
             r_mean = torch.tensor([_mean_logp(t) for t in traces], dtype=torch.float64)
-            s_mean = torch.tensor([_mean_logp(r.logp) for r in g.rollouts], dtype=torch.float64)
+            s_mean = torch.tensor([_mean_logp(g.rollouts[i].logp) for i in idx], dtype=torch.float64)
             all_s.append(compatibility_score(r_mean, s_mean))
-            w = compatibility_weight(r_mean, s_mean, self.delta)
-            evaluated += len(cs)
-            rows = [(dataclasses.replace(c, old_logp=t), float(a), float(wi))
-                    for c, t, a, wi in zip(cs, traces, g.advantages.tolist(), w.tolist()) if wi > 0]
+            if self.compatibility == "weighted":
+                w = compatibility_weight(r_mean, s_mean, self.delta)
+            else:  # ablation: no compatibility weight, no floor
+                w = torch.ones(len(idx), dtype=torch.float64)
+            adv, success = g.advantages.tolist(), (g.rewards > thr).tolist()
+            rows = []
+            for c, t, i, wi in zip(cs, traces, idx, w.tolist()):
+                kind = "success" if success[i] else "failure"
+                split[f"evaluated_{kind}"] += 1
+                if wi > 0:
+                    split[f"admitted_{kind}"] += 1
+                    rows.append((dataclasses.replace(c, old_logp=t), float(adv[i]), float(wi)))
             if rows:
                 grafted.append((q, src, rows))
-            below[src][q] = len(cs) - len(rows)
-        return grafted, below, all_s, evaluated, flat
+            dropped[src][q] = {"compat_below_floor": len(cs) - len(rows), "not_success": len(g.rollouts) - len(cs)}
+        return grafted, dropped, all_s, split, flat
 
     @staticmethod
-    def _flows(peers, pairing, peer_by, cands, kept, chosen, below) -> dict[str, dict[str, int]]:
+    def _flows(peers, pairing, peer_by, cands, kept, chosen, dropped) -> dict[str, dict[str, int]]:
         """Every delivered peer response, consumed or dropped with its reason (module docstring)."""
         flows: dict[str, dict[str, int]] = {}
         for src in peers:
@@ -269,7 +315,7 @@ class GRAFT(Regime):
                 elif chosen[q] != src:
                     reason = {"other_source": n}
                 else:
-                    reason = {"consumed": n - below[src][q], "compat_below_floor": below[src][q]}
+                    reason = {"consumed": n - sum(dropped[src][q].values()), **dropped[src][q]}
                 for k, v in reason.items():
                     f[k] = f.get(k, 0) + v
             flows[src] = {k: v for k, v in f.items() if v}
