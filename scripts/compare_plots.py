@@ -25,10 +25,18 @@ def mean_std(xs: list[float]) -> tuple[float, float]:
 
 #: one fixed colour (and line style) per regime label, the same in every figure
 COLORS = {
-    "grpo": "#404040", "xgrpo": "#1f77b4", "prp_snapshot": "#ff7f0e", "prp_aligned": "#8c564b",
-    "sgt": "#2ca02c", "graft": "#9467bd", "hacpo": "#d62728",
+    "grpo": "#404040", "grpo_n16": "#8c8c8c", "grpo_n32": "#000000", "dapo_ds": "#bcbd22",
+    "xgrpo": "#1f77b4", "prp_snapshot": "#ff7f0e", "prp_aligned": "#8c564b", "sgt": "#2ca02c",
+    "hacpo": "#d62728", "ftis": "#e377c2", "graft": "#9467bd", "graft_no_peer_last": "#17becf",
+    "graft_no_compat": "#f2b701", "graft_successes": "#3f007d", "graft_stored": "#00a087",
 }
-STYLES = {"grpo": "--"}
+#: line style per label (the no-sharing baselines dashed, the GRAFT ablations dotted / dash-dotted)
+STYLES = {"grpo": "--", "grpo_n16": "-.", "grpo_n32": ":", "dapo_ds": "--", "graft_no_peer_last": ":",
+          "graft_no_compat": "-.", "graft_successes": ":"}
+#: marker per label in the per-regime scatter figures (score vs compute)
+MARKERS = {"grpo": "o", "grpo_n16": "o", "grpo_n32": "o", "dapo_ds": "s", "xgrpo": "^", "prp_snapshot": "v",
+           "prp_aligned": "<", "sgt": "D", "hacpo": ">", "ftis": "P", "graft": "*", "graft_no_peer_last": "X",
+           "graft_no_compat": "h", "graft_successes": "p", "graft_stored": "d"}
 SMOOTH = 20  # steps of the moving average of per-step training metrics (entropy, KL)
 #: per-policy scalar tags the plots read (and ``curves.json`` keeps); KL: own rows when logged (see plots)
 CURVE_TAGS = ("val/pass@1", "entropy", "self/approx_kl", "approx_kl")
@@ -93,13 +101,19 @@ def _band(ax, curve, label, *, log: bool = False, marker: str | None = None, lin
     ax.fill_between(steps, lo, hi, color=color, alpha=0.18, linewidth=0)
 
 
-def _legend(fig, labels, ncol=None):
+def _legend(fig, labels, ncol=None, title="regime (line: mean over seeds; band: ± 1 std over seeds)",
+            markers: bool = False) -> float:
+    """A legend below the panels; returns the figure fraction it takes (the ``rect`` bottom for tight_layout)."""
     import matplotlib.lines as mlines
 
-    handles = [mlines.Line2D([], [], color=_color(lab), linestyle=STYLES.get(lab, "-"), linewidth=2, label=lab)
+    ncol = max(1, min(ncol or len(labels), 6, len(labels) or 1))
+    handles = [mlines.Line2D([], [], color=_color(lab), linestyle="none" if markers else STYLES.get(lab, "-"),
+                             marker=MARKERS.get(lab, "o") if markers else None, linewidth=2, label=lab)
                for lab in labels]
-    fig.legend(handles=handles, loc="lower center", ncol=ncol or len(labels), frameon=False, fontsize=9,
-               title="regime (line: mean over seeds; band: ± 1 std over seeds)", title_fontsize=9)
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, frameon=False, fontsize=9, title=title,
+               title_fontsize=9)
+    rows = math.ceil(len(labels) / ncol) if labels else 0
+    return min(0.45, (0.45 + 0.24 * rows) / fig.get_figheight())
 
 
 def _kl_tag(data, label, seeds, p) -> str:
@@ -131,8 +145,8 @@ def plots(args, root: Path, data, policies) -> None:
         ax.set(title=f"{p}: held-out pass@1 ({note})", xlabel="training step",
                ylabel="held-out pass@1 (%)")
         ax.grid(alpha=0.3)
-    _legend(fig, regimes, ncol=min(len(regimes), 7))
-    fig.tight_layout(rect=(0, 0.11, 1, 1))
+    bottom = _legend(fig, regimes)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     fig.savefig(root / "pass_at_1.png", dpi=110)
     plt.close(fig)
 
@@ -155,8 +169,8 @@ def plots(args, root: Path, data, policies) -> None:
                        ylabel="approx. KL, k3 (nats / token, log scale)", yscale="log")
         for ax in axes[:, j]:
             ax.grid(alpha=0.3, which="both")
-    _legend(fig, regimes, ncol=min(len(regimes), 7))
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    bottom = _legend(fig, regimes)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     fig.savefig(root / "entropy_kl.png", dpi=110)
     plt.close(fig)
 
@@ -178,8 +192,8 @@ def plots(args, root: Path, data, policies) -> None:
     if not flows:
         axes[0][0].set_axis_off()
         axes[0][0].text(0.5, 0.5, "no exchange flows logged", ha="center", va="center")
-    _legend(fig, sharing or regimes, ncol=min(len(sharing or regimes), 7))
-    fig.tight_layout(rect=(0, 0.11, 1, 1))
+    bottom = _legend(fig, sharing or regimes)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     fig.savefig(root / "transfers.png", dpi=110)
     plt.close(fig)
 
@@ -225,8 +239,128 @@ def final_plot(args, root: Path, summary: dict) -> None:
                ylabel=f"held-out pass@1 (%; mean of the last {args.last_k} evaluations)")
         ax.grid(alpha=0.3, axis="y")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 8), frameon=False, fontsize=9,
+    ncol = min(len(labels), 6) or 1
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, frameon=False, fontsize=9,
                title="regime (marker and bar: mean ± 1 std over seeds; dots: seeds)", title_fontsize=9)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.tight_layout(rect=(0, min(0.45, (0.45 + 0.24 * math.ceil(len(labels) / ncol)) / fig.get_figheight()), 1, 1))
     fig.savefig(root / "pass_at_1_final.png", dpi=110)
+    plt.close(fig)
+
+
+def _directions(data, policies) -> list[tuple[str, str]]:
+    """``(receiver, peer)`` pairs with a rescue series ``<R>/rescued/<S>`` or a complementarity ``R->S``."""
+    out = set()
+    for sc in data.values():
+        for t in sc:
+            parts = t.split("/")
+            if len(parts) == 3 and parts[0] in policies and parts[1] == "rescued":
+                out.add((parts[0], parts[2]))
+            elif len(parts) == 2 and parts[0] == "complementarity" and "->" in parts[1]:
+                out.add(tuple(parts[1].split("->", 1)))
+    return sorted(out)
+
+
+def rescue_plot(args, root: Path, data, policies) -> None:
+    """``rescue_complementarity.png``: per direction (receiver R, peer S), R's all-fail prompts rescued by S per
+    training step (``<R>/rescued/<S>``: GRAFT's grafted groups, SGT's rescued prompts; a moving average) and the
+    held-out complementarity ``R->S`` (share of R's all-fail prompts S solves) at each evaluation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    regimes, seeds = list(args.regimes), list(args.seeds)
+    dirs = _directions(data, policies) or [("", "")]
+    fig, axes = plt.subplots(2, len(dirs), figsize=(6.5 * len(dirs), 8), squeeze=False)
+    shown: list[str] = []
+    for j, (r, s) in enumerate(dirs):
+        for label in regimes:
+            c = _seed_curves(data, label, seeds, f"{r}/rescued/{s}", smooth=SMOOTH)
+            if c is not None:
+                _band(axes[0][j], c, label)
+                shown.append(label)
+            c = _seed_curves(data, label, seeds, f"complementarity/{r}->{s}")
+            if c is not None:
+                _band(axes[1][j], (c[0], 100 * c[1], 100 * c[2], c[3]), label, marker="o")
+                shown.append(label)
+        axes[0][j].set_title(f"{r}'s all-fail prompts rescued by {s}\n(per step, {SMOOTH}-step moving average, "
+                             f"{_seed_note(seeds)})", fontsize=10)
+        axes[0][j].set(xlabel="training step", ylabel="rescued prompts per step")
+        axes[1][j].set_title(f"held-out complementarity {r}->{s}\n(share of {r}'s all-fail prompts {s} solves, "
+                             "at each evaluation)", fontsize=10)
+        axes[1][j].set(xlabel="training step", ylabel="complementarity (% of all-fail prompts)")
+        for ax, what in ((axes[0][j], "no rescue metric logged"), (axes[1][j], "no complementarity logged")):
+            if not ax.lines:
+                ax.text(0.5, 0.5, what, ha="center", va="center", transform=ax.transAxes)
+            ax.grid(alpha=0.3)
+    labels = [lab for lab in regimes if lab in shown] or regimes
+    bottom = _legend(fig, labels)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    fig.savefig(root / "rescue_complementarity.png", dpi=110)
+    plt.close(fig)
+
+
+def score_compute_points(summary: dict, compute: dict, label: str, policy: str | None,
+                         x_key: str = "generated_tokens"):
+    """Per seed ``(x, y)`` of ``label``: the final pass@1 of ``policy`` against its ``x_key`` (``policy=None``:
+    the mean pass@1 over the policies against their sum), seeds matched by ``summary``'s ``seeds``."""
+    seeds = compute.get(label, {}).get("seeds", {})
+    rows = summary.get(label, {})
+    pols = [policy] if policy else sorted(rows)
+    by_seed: dict = {}
+    for p in pols:
+        cell = rows.get(p, {}).get("pass@1")
+        if not cell:
+            continue
+        for s, v in zip(cell.get("seeds", range(len(cell["values"]))), cell["values"]):
+            by_seed.setdefault(str(s), {})[p] = v
+    pts = []
+    for s, ys in sorted(by_seed.items()):
+        pc = seeds.get(s, {}).get("policies", {})
+        if len(ys) < len(pols) or not all(p in pc for p in pols):
+            continue
+        pts.append((sum(pc[p][x_key] for p in pols), sum(ys.values()) / len(ys)))
+    return pts
+
+
+def score_compute_plot(args, root: Path, summary: dict, compute: dict) -> None:
+    """``score_vs_compute.png`` (GRAFT Fig. 3a): per policy, and for the policies together, the end-of-run
+    held-out pass@1 (mean ± std over seeds) against the generated response tokens (mean ± std over seeds; the
+    policy's own, or their sum), one colour and marker per regime; log x axis when the values span a decade."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    regimes = [lab for lab in args.regimes if lab in summary and lab in compute]
+    policies = sorted({p for lab in regimes for p in summary[lab]})
+    panels = policies + [None]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4.8), squeeze=False)
+    for ax, p in zip(axes[0], panels):
+        xs_all = []
+        for lab in regimes:
+            pts = score_compute_points(summary, compute, lab, p)
+            if not pts:
+                continue
+            (mx, sx), (my, sy) = mean_std([x for x, _ in pts]), mean_std([100 * y for _, y in pts])
+            xs_all.append(mx)
+            ax.errorbar([mx], [my], xerr=[sx], yerr=[sy], fmt=MARKERS.get(lab, "o"), color=_color(lab),
+                        markersize=7, capsize=3, label=lab)
+        pos = [x for x in xs_all if x > 0]
+        if pos and max(pos) >= 10 * min(pos):
+            ax.set_xscale("log")
+        who = f"{p}: final pass@1 vs its generated tokens" if p else \
+            "all policies: mean final pass@1 vs summed tokens"
+        ax.set_title(who, fontsize=10)
+        ax.set(ylabel=f"held-out pass@1 (%; mean of the last {args.last_k} evaluations)",
+               xlabel="generated response tokens (whole run" + (", log scale)" if ax.get_xscale() == "log" else ")"))
+        if not ax.lines and not ax.collections:
+            ax.text(0.5, 0.5, "no finished run with compute", ha="center", va="center", transform=ax.transAxes)
+        ax.grid(alpha=0.3, which="both")
+    shown = [lab for lab in regimes if any(score_compute_points(summary, compute, lab, p) for p in panels)]
+    n_seeds = max((len(s.get("seeds", {})) for s in compute.values()), default=0)
+    bottom = _legend(fig, shown or regimes, markers=True,
+                     title=f"regime (marker: mean over {n_seeds} seed(s); bars: ± 1 std over seeds)")
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    fig.savefig(root / "score_vs_compute.png", dpi=110)
     plt.close(fig)
