@@ -82,9 +82,9 @@ class MutualRLModule(LightningModule):
                 format, optimizer and sampling settings).
             algorithm: GRPO/DAPO settings shared by all policies.
             regime: sharing regime of every receiver unless a policy sets its own, as class_path (NoSharing,
-                XGRPO, PRP, SGT, GRAFT, HACPO, or a full import path) with init_args, e.g. {class_path: SGT,
-                init_args: {coef: 0.3}}; or a registered name with default arguments (none, xgrpo, prp, sgt,
-                graft, hacpo). Each receiver gets its own copy. See --model.regime.help SGT for one regime's
+                XGRPO, PRP, SGT, GRAFT, HACPO, FTIS, or a full import path) with init_args, e.g. {class_path:
+                SGT, init_args: {coef: 0.3}}; or a registered name with default arguments (none, xgrpo, prp,
+                sgt, graft, hacpo, ftis). Each receiver gets its own copy. See --model.regime.help SGT for one regime's
                 arguments.
             reward: registered name or package.module:function (default: the task's), or a weighted list of terms,
                 e.g. [{fn: math_verify, weight: 1.0}, {fn: boxed_format, weight: 0.2}] (mutual_rl.rewards.combined).
