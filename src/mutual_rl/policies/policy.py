@@ -365,12 +365,15 @@ def _from_pretrained(spec: PolicySpec, cls, src: _Source, *, is_model: bool = Fa
             raise
         import transformers
 
+        elsewhere = not is_model and spec.tokenizer is not None  # the separate tokenizer: source failed
+        field, shown, what = (("tokenizer", spec.tokenizer, "a tokenizer (AutoTokenizer)") if elsewhere else
+                              ("model", spec.model, "a causal language model (AutoModelForCausalLM)"))
+        gguf = f" ({spec.gguf_file})" if spec.gguf_file and not elsewhere else ""  # gguf_file: inside a folder
         raise UnsupportedModelError(
-            f"policy {spec.name!r}: model {spec.model!r}{f' ({spec.gguf_file})' if spec.gguf_file else ''} has "
-            f"architecture {arch!r}, which transformers {transformers.__version__} cannot load as a causal language "
-            "model (AutoModelForCausalLM). mutual-rl trains transformers-supported causal LMs: use a checkpoint of a "
-            "supported architecture (Llama, Qwen2/3, Mistral, GPT-2, ...), upgrade transformers, or, for a "
-            "checkpoint that ships its own modelling code, set trust_remote_code: true."
+            f"policy {spec.name!r}: {field} {shown!r}{gguf} has architecture {arch!r}, which transformers "
+            f"{transformers.__version__} cannot load as {what}. mutual-rl trains transformers-supported causal LMs: "
+            "use a checkpoint of a supported architecture (Llama, Qwen2/3, Mistral, GPT-2, ...), upgrade "
+            "transformers, or, for a checkpoint that ships its own modelling code, set trust_remote_code: true."
         ) from err
 
 
