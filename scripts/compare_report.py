@@ -306,8 +306,8 @@ def write_table(args, root: Path, summary, policies, metrics, s0, compute, info)
         "'beyond spread' = |Δ| > 2 standard errors of the difference over seeds (Welch).", "",
         "## Step-0 diagnostics", "", *step0_lines(s0)]
     for p in policies:
-        lines += [f"## {p}", "", "| regime | " + " | ".join(metrics) + " | Δ pass@1 vs GRPO | beyond spread |",
-                  "|---|" + "---|" * (len(metrics) + 2)]
+        lines += [f"## {p}", "", "| regime | seeds | " + " | ".join(metrics) + " | Δ pass@1 vs GRPO | beyond spread |",
+                  "|---|---|" + "---|" * (len(metrics) + 2)]
         base = summary.get("grpo", {}).get(p, {}).get("pass@1", {}).get("values", [])
         start = next((summary[lab][p]["pass@1"]["start"] for lab in args.regimes
                       if "pass@1" in summary.get(lab, {}).get(p, {})), float("nan"))
@@ -323,7 +323,8 @@ def write_table(args, root: Path, summary, policies, metrics, s0, compute, info)
             bmu, _ = mean_std(base)
             delta = f"{100 * (mu - bmu):+.1f}" if label != "grpo" and base else "—"
             spread = _beyond_spread(row["pass@1"]["values"], base) if label != "grpo" and base else "—"
-            lines.append(f"| {label} | " + " | ".join(cells) + f" | {delta} | {spread} |")
+            seeds = len([v for v in row["pass@1"]["values"] if v == v])  # a 1-seed row has no spread ("± 0.0")
+            lines.append(f"| {label} | {seeds} | " + " | ".join(cells) + f" | {delta} | {spread} |")
         lines += ["", f"(pass@1 at step 0, before RL: {100 * start:.1f})", ""]
     lines += ["## Compute", "", *compute_lines(compute, args.regimes)]
     (root / "table.md").write_text("\n".join(lines))

@@ -55,6 +55,7 @@ def test_compare_regimes_smoke(tmp_path, capsys):
     for label in labels:
         assert f"| {label} |" in table, label
     assert "## gpt2" in table and "## llama" in table and "## Compute" in table
+    assert "| regime | seeds |" in table and "| grpo | 1 |" in table  # the seed count of each row (1 in smoke)
 
     # step-0 diagnostics: printed (during the runs and at report time) and written, with the preconditions
     assert stdout.count("[compare] step-0 diagnostics:") == 2 and "[compare] step-0 evaluation of " in stdout
