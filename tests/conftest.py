@@ -14,6 +14,8 @@ torch.set_num_threads(1)
 # presets build in this process (not in the pinned worker: ~8 s of start-up per build); tests/test_presets.py
 # tests the worker itself
 os.environ["MUTUAL_RL_PRESET_BUILD"] = "inprocess"
+# and without their quality report (minutes on tiny:qwen-vocab's 151k vocabulary); tests/test_presets.py turns it on
+os.environ["MUTUAL_RL_PRESET_REPORT"] = "0"
 
 if "test_parity" not in available_rewards():
 

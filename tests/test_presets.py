@@ -128,12 +128,17 @@ def test_build_does_not_depend_on_the_callers_thread_count(tmp_path):
     for (k, a), b in zip(m1.state_dict().items(), m2.state_dict().values()):
         assert torch.equal(a, b), k
     assert not torch.are_deterministic_algorithms_enabled()  # the caller's setting is restored
+    import json  # the suite builds without the quality report (MUTUAL_RL_PRESET_REPORT=0, tests/conftest.py)
+
+    (folder,) = (tmp_path / "one" / "presets").glob("tiny-gpt2-bpe-*[0-9a-f]")
+    assert json.loads((folder / "done.json").read_text())["quality"] is None
 
 
-def test_quality_report_is_stored_printed_and_checked(tmp_path, capsys):
+def test_quality_report_is_stored_printed_and_checked(tmp_path, capsys, monkeypatch):
     import json
     import warnings
 
+    monkeypatch.setenv("MUTUAL_RL_PRESET_REPORT", "1")
     ws = WarmStart(steps=2, batch_size=8, expect={"add": [0.5, 1.0], "sub": [0.0, 1.0]})
     kw = dict(seed=0, warmstart=ws, task=TASK, prompt_template="{problem}", cache_dir=tmp_path)
     with pytest.warns(UserWarning, match=r"tiny:llama-char: the warm-up landed outside warmstart.expect: add pass@1 "
@@ -181,6 +186,7 @@ def test_pinned_worker_build(tmp_path, monkeypatch, capsys):
     import json
 
     monkeypatch.setenv("MUTUAL_RL_PRESET_BUILD", "pinned")
+    monkeypatch.setenv("MUTUAL_RL_PRESET_REPORT", "1")
     ws = WarmStart(steps=3, batch_size=8)
     kw = dict(seed=0, warmstart=ws, task=TASK, prompt_template="{problem}")
     before = torch.get_num_threads()
