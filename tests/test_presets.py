@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -112,21 +114,32 @@ def test_cache_key_of_presets_without_chat_template_is_unchanged():
     assert preset_key("tiny:gpt2-bpe", 0, WarmStart(), TASK, "{problem}", True)["chat_template"] is True
 
 
+@contextlib.contextmanager
+def _threads(n: int):
+    """Run the block with ``n`` torch threads, then restore the count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _assert_same_weights(m1, m2):
+    for (k, a), b in zip(m1.state_dict().items(), m2.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
 def test_build_does_not_depend_on_the_callers_thread_count(tmp_path):
     """Builds run on one torch thread: a caller with 2 threads gets the same weights, and keeps its 2 threads."""
     ws = WarmStart(steps=4, batch_size=16)
     kw = dict(seed=0, warmstart=ws, task=TASK, prompt_template="{problem}")
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
+    with _threads(2):
         m2, _ = load_preset("tiny:gpt2-bpe", cache_dir=tmp_path / "two", **kw)
         assert torch.get_num_threads() == 2
-        torch.set_num_threads(1)
+    with _threads(1):
         m1, _ = load_preset("tiny:gpt2-bpe", cache_dir=tmp_path / "one", **kw)
-    finally:
-        torch.set_num_threads(before)
-    for (k, a), b in zip(m1.state_dict().items(), m2.state_dict().values()):
-        assert torch.equal(a, b), k
+    _assert_same_weights(m1, m2)
     assert not torch.are_deterministic_algorithms_enabled()  # the caller's setting is restored
     import json  # the suite builds without the quality report (MUTUAL_RL_PRESET_REPORT=0, tests/conftest.py)
 
@@ -189,19 +202,15 @@ def test_pinned_worker_build(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MUTUAL_RL_PRESET_REPORT", "1")
     ws = WarmStart(steps=3, batch_size=8)
     kw = dict(seed=0, warmstart=ws, task=TASK, prompt_template="{problem}")
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
+    with _threads(2):
         m1, _ = load_preset("tiny:llama-char", cache_dir=tmp_path / "a", **kw)
-        torch.set_num_threads(1)
+    with _threads(1):
         m2, _ = load_preset("tiny:llama-char", cache_dir=tmp_path / "b", **kw)
-    finally:
-        torch.set_num_threads(before)
-    for (k, a), b in zip(m1.state_dict().items(), m2.state_dict().values()):
-        assert torch.equal(a, b), k
+    _assert_same_weights(m1, m2)
     (folder,) = (tmp_path / "a" / "presets").glob("tiny-llama-char-*[0-9a-f]")
     info = json.loads((folder / "done.json").read_text())
     assert info["build"]["pinned"] is True and info["build"]["cpu_capability"] in ("AVX2", "DEFAULT")
+    assert info["build"]["threads"] == 1
     assert info["quality"]["problems"] == 40 and "built tiny:llama-char" in capsys.readouterr().err
     assert sorted(p.name for p in folder.iterdir() if p.suffix == ".json") == ["config.json", "done.json",
                                                                                "generation_config.json",

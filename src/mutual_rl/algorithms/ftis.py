@@ -41,6 +41,7 @@ import torch
 
 from mutual_rl.algorithms.aggregation import aggregate, resolve_aggregation
 from mutual_rl.algorithms.kl import kl_penalty, resolve_kl
+from mutual_rl.algorithms.losses import check_clip_args
 from mutual_rl.algorithms.masking import masked_mean
 
 __all__ = ["ftis_loss", "kl_filter_keep", "sequence_kl", "tis_weights"]
@@ -98,12 +99,7 @@ def ftis_loss(logp, old_logp, gen_logp, advantages, mask, *, is_cap, clip_low=0.
     if logp.dim() != 2 or not (logp.shape == old_logp.shape == gen_logp.shape == mask.shape):
         raise ValueError(f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, gen_logp "
                          f"{tuple(gen_logp.shape)}, mask {tuple(mask.shape)} must be [B, T]")
-    if not 0.0 <= clip_low < 1.0 or clip_high < 0.0:
-        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
-    if kl_coef != 0.0 and ref_logp is None:
-        raise ValueError("kl_coef != 0 needs ref_logp")
+    check_clip_args(clip_low, clip_high, dual_clip, kl_coef, ref_logp)
     m = mask.to(logp.dtype)
     adv = advantages.to(logp.dtype).unsqueeze(-1)  # [B, 1]
     w_is = tis_weights(old_logp, gen_logp, is_cap).to(logp.dtype)  # [B, T]

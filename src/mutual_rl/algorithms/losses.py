@@ -45,6 +45,16 @@ def zero_advantage_skip_mask(
     return advantages == 0
 
 
+def check_clip_args(clip_low: float, clip_high: float, dual_clip: float | None, kl_coef: float, ref_logp) -> None:
+    """One error for bad clip bounds, a dual clip <= 1, or a KL coefficient without reference log-probs."""
+    if not 0.0 <= clip_low < 1.0 or clip_high < 0.0:
+        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+    if kl_coef != 0.0 and ref_logp is None:
+        raise ValueError("kl_coef != 0 needs ref_logp")
+
+
 def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -86,12 +96,7 @@ def policy_loss(
         raise ValueError(f"advantages must be [B]={logp.shape[0]}, got {tuple(advantages.shape)}")
     if weights is not None and weights.shape != logp.shape[:1]:
         raise ValueError(f"weights must be [B]={logp.shape[0]}, got {tuple(weights.shape)}")
-    if not 0.0 <= clip_low < 1.0 or clip_high < 0.0:
-        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
-    if kl_coef != 0.0 and ref_logp is None:
-        raise ValueError("kl_coef != 0 needs ref_logp")
+    check_clip_args(clip_low, clip_high, dual_clip, kl_coef, ref_logp)
 
     m = mask.to(logp.dtype)
     adv = advantages.to(logp.dtype).unsqueeze(-1)  # [B, 1]

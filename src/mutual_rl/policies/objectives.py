@@ -77,6 +77,18 @@ def split_metrics(logp, sub, max_len, **loss) -> dict[str, torch.Tensor]:
     return out
 
 
+def split_own_peer(sub, token_count, num_seqs):
+    """``(token_count, num_seqs, own_rows, peer_rows)`` of a micro-batch whose peer rows have
+    ``sub.extras["tis"] > 0``; missing normalisers become this call's own counts over all its rows."""
+    mask = sub.response_mask
+    if token_count is None:
+        token_count = mask.sum()
+    if num_seqs is None:
+        num_seqs = int((mask.sum(-1) > 0).sum())
+    tis = sub.extras["tis"] > 0
+    return token_count, num_seqs, (~tis).nonzero().squeeze(-1), tis.nonzero().squeeze(-1)
+
+
 @register_objective("dapo")
 def dapo(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind, token_count, num_seqs, max_len,
          ref_logp=None, update_index: int = 0):
@@ -104,15 +116,10 @@ def prp_tis(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind,
     Rows with ``sub.extras["tis"] > 0`` use their ``old_logp`` (the aligned peer trace) as behaviour log-probs;
     the two parts share the global normalisers, so the sum is micro-batch invariant.
     """
+    token_count, num_seqs, own_rows, peer_rows = split_own_peer(sub, token_count, num_seqs)
     mask = sub.response_mask
-    if token_count is None:
-        token_count = mask.sum()
-    if num_seqs is None:
-        num_seqs = int((mask.sum(-1) > 0).sum())
-    tis = sub.extras["tis"] > 0
     loss = logp.sum() * 0.0
     metrics: dict[str, torch.Tensor] = {}
-    own_rows, peer_rows = (~tis).nonzero().squeeze(-1), tis.nonzero().squeeze(-1)
     if len(own_rows):
         part = sub.select(own_rows)
         own_loss, m = dapo_terms(logp[own_rows], part, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
@@ -186,15 +193,10 @@ def ftis(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind, to
     the sum is micro-batch invariant. The KL penalty covers every row. ``approx_kl`` (all rows) and its parts
     ``self/approx_kl`` / ``peer/approx_kl`` are k3 to ``π_R,old``.
     """
+    token_count, num_seqs, own_rows, peer_rows = split_own_peer(sub, token_count, num_seqs)
     mask = sub.response_mask
-    if token_count is None:
-        token_count = mask.sum()
-    if num_seqs is None:
-        num_seqs = int((mask.sum(-1) > 0).sum())
-    tis = sub.extras["tis"] > 0
     loss = logp.sum() * 0.0
     metrics: dict[str, torch.Tensor] = {}
-    own_rows, peer_rows = (~tis).nonzero().squeeze(-1), tis.nonzero().squeeze(-1)
     clip = dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, kl_coef=kl_coef,
                 kl_kind=kl_kind)
     if len(own_rows):

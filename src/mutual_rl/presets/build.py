@@ -28,12 +28,13 @@ def build_here(name, key, tmp: Path, seed, warmstart, task, prompt_template, cha
         )
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        threads = torch.get_num_threads()  # inside the pinned context: what the warm-up ran with
         report = None
         if os.environ.get("MUTUAL_RL_PRESET_REPORT", "1") != "0":  # the test suite turns it off (speed)
             report = quality_report(model, tokenizer, task, name=name, prompt_template=prompt_template,
                                     chat_template=chat_template)
     build = {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-             "threads": 1, "pinned": os.environ.get("MUTUAL_RL_PINNED_WORKER") == "1"}
+             "threads": threads, "pinned": os.environ.get("MUTUAL_RL_PINNED_WORKER") == "1"}
     return {**key, "final_loss": losses[-1] if losses else None, "quality": report, "build": build}
 
 

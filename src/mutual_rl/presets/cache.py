@@ -87,7 +87,7 @@ def load_preset(name: str, *, seed: int, warmstart: WarmStart, task, prompt_temp
 def _build(name, key, tmp: Path, seed, warmstart, task, prompt_template, chat_template=False, cache_dir=None):
     """Build preset ``name`` into ``tmp``: in a pinned worker process (module docstring) unless
     ``$MUTUAL_RL_PRESET_BUILD`` is ``inprocess`` or the task cannot be described to one (not a dataclass)."""
-    if chat_template and not ARCHS[name[len("tiny:"):] if name.startswith("tiny:") else name].has_chat_template:
+    if chat_template and not arch_for(name).has_chat_template:
         choices = ", ".join(f"tiny:{k}" for k, a in ARCHS.items() if a.has_chat_template)
         raise ValueError(f"preset {name!r} has no chat template, but this policy sets chat_template: true; set it "
                          f"to false, or use a preset with one ({choices}).")
