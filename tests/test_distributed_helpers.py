@@ -22,3 +22,32 @@ def test_rank_part_splits_in_order_without_overlap(n, world):
     assert sum(parts, []) == items
     sizes = [len(p) for p in parts]
     assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+def test_destroy_process_group_ends_a_live_group_and_is_idempotent(tmp_path):
+    import torch.distributed as dist
+
+    D.destroy_process_group()  # none yet: a no-op
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    assert dist.is_initialized()
+    D.destroy_process_group()
+    assert not dist.is_initialized()
+    D.destroy_process_group()
+
+
+def test_the_fsdp_strategy_destroys_its_group_at_exit(monkeypatch):
+    """The strategy registers the destruction once at exit, however many times its environment is set up."""
+    import atexit
+
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from mutual_rl.strategies import MutualFSDPStrategy
+
+    registered = []
+    monkeypatch.setattr(FSDPStrategy, "setup_environment", lambda self: None)
+    monkeypatch.setattr(atexit, "register", registered.append)
+    monkeypatch.setattr(atexit, "unregister", lambda f: registered.remove(f) if f in registered else None)
+    strategy = MutualFSDPStrategy()
+    strategy.setup_environment()
+    strategy.setup_environment()
+    assert registered == [D.destroy_process_group]

@@ -24,6 +24,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from mutual_rl.callbacks.checkpointing import AtomicCheckpointIO, is_special_ckpt_path, verify_checkpoint_file
 from mutual_rl.data.datamodule import PromptDataModule
+from mutual_rl.distributed import destroy_process_group
 from mutual_rl.module import MutualRLModule
 
 # Attribute docstrings of the config dataclasses become --help text.
@@ -213,7 +214,10 @@ def build_cli(args=None, run: bool = True) -> MutualRLCLI:
 
 
 def main(args=None) -> None:
-    build_cli(args)
+    try:
+        build_cli(args)
+    finally:
+        destroy_process_group()  # a live gloo group can abort the exit of a finished multi-process run
 
 
 if __name__ == "__main__":

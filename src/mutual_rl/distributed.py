@@ -34,6 +34,18 @@ def rank_and_world() -> tuple[int, int]:
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
+def destroy_process_group() -> None:
+    """Destroy the default process group, if one exists (idempotent).
+
+    A process that exits with a gloo group alive can abort at interpreter shutdown ("terminate called without an
+    active exception", SIGABRT after a successful run: pytorch/pytorch#190489), because gloo's worker threads are
+    torn down after Python. ``MutualFSDPStrategy`` registers this at exit and ``mutual-rl`` calls it when a run ends.
+    """
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def collective_device() -> torch.device:
     """The device collectives of the default group need: the current CUDA device for NCCL, else CPU (gloo)."""
     if is_distributed() and torch.distributed.get_backend() == "nccl":

@@ -36,13 +36,14 @@ then ``srun mutual-rl fit --config configs/gpu/graft_qwen3_smollm3_full.yaml --t
 
 from __future__ import annotations
 
+import atexit
 from contextlib import contextmanager, nullcontext
 
 import torch
 from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 
-from mutual_rl.distributed import collective_device, is_sharded  # noqa: F401 (is_sharded: re-exported)
+from mutual_rl.distributed import collective_device, destroy_process_group, is_sharded  # noqa: F401 (re-exported)
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP")
@@ -111,6 +112,12 @@ class MutualFSDPStrategy(FSDPStrategy):
                          state_dict_type=state_dict_type, cpu_offload=cpu_offload, **kwargs)
         self.decoder_layers = list(decoder_layers) if decoder_layers is not None else None
         self.activation_checkpointing = activation_checkpointing
+
+    def setup_environment(self) -> None:
+        """Lightning's set-up (the process group), plus its destruction at exit: see ``destroy_process_group``."""
+        super().setup_environment()
+        atexit.unregister(destroy_process_group)  # once, however many fits this process runs
+        atexit.register(destroy_process_group)
 
     # Full state dicts on CPU: Lightning always asks FSDP to "offload to CPU", which for parameters that already
     # live on the CPU leaves views into freed gather buffers (a segfault when cloned). On CPU the three methods that
