@@ -9,6 +9,8 @@ import re
 import torch
 from torch import nn
 
+from mutual_rl.algorithms.token_logp import token_logp_from_hidden
+from mutual_rl.policies.lm_head import hidden_states_out, plain_head
 from mutual_rl.policies.spec import PolicySpec, WarmStart
 from mutual_rl.thl.retokenize import prompt_ids
 
@@ -25,6 +27,7 @@ class Policy(nn.Module):
         self.tokenizer = tokenizer
         self.version = 0
         self.share_prompts = True  # one prompt forward per group in response_logp (see its docstring)
+        self.chunked_head = True  # log-probs from hidden states in chunks where exact (see response_logp)
         self.max_prompt_tokens: int | None = None  # prompt_overflow: truncate sets it (see encode_prompt)
         # before LoRA: the adapters' dropout is lora.dropout, as configured; exports put the config values back
         self._config_dropout = disable_dropout(model) if spec.disable_dropout else []
@@ -81,13 +84,24 @@ class Policy(nn.Module):
         for short responses. Set ``share_prompts = False`` on the policy to turn it off. With gradient
         checkpointing in train mode it is off (Hugging Face drops the cache there; recomputation would also append
         to a shared cache again): one plain forward, the same values and gradients (tested).
+
+        Where the model's logits are exactly ``lm_head(hidden)`` (``policies/lm_head.py``), the head runs outside the
+        model in chunks of tokens (``algorithms/token_logp.py``), so no ``[B, T, V]`` float32 logits exist in the
+        forward or the backward: on a 151k vocabulary that is most of an update's memory. Same values and gradients
+        up to float rounding (tested); ``chunked_head = False`` on the policy builds full logits instead.
         """
         ctx = self._reference_ctx() if reference else contextlib.nullcontext(self.model)
+        targets = input_ids[:, -response_width:]
         with ctx as model:
+            head = plain_head(model) if self.chunked_head else None
+            if head is not None:  # never full-vocabulary logits (policies/lm_head.py)
+                with hidden_states_out(model, head):
+                    hidden = self._response_logits(model, input_ids, attention_mask, response_width)  # [B, T, H]
+                return token_logp_from_hidden(hidden, head.weight, head.bias, targets, temperature,
+                                              with_entropy=with_entropy)
             logits = self._response_logits(model, input_ids, attention_mask, response_width)  # [B, T, V]
         logits = logits.float() / temperature
         logz = torch.logsumexp(logits, dim=-1)  # [B, T]
-        targets = input_ids[:, -response_width:]
         logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
         entropy = None
         if with_entropy:
