@@ -39,8 +39,8 @@ Matched
   TRL passes ``top_k=0`` to ``generate``; ours too), no min_p, repetition_penalty 1.0. Both stop at EOS; mean
   completion lengths of both sides are printed (same weights, same prompts, so they agree up to sampling noise).
   The warm-started tiny model answers in ~3 tokens ("46" + EOS); ``--min-new-tokens 32`` suppresses EOS on both
-  sides (TRL ``generation_kwargs={"min_new_tokens": 32}``; ours via ``model.generation_config.min_new_tokens``,
-  which ``generate`` merges with the engine's arguments) to time full 32-token completions. Those completions
+  sides (TRL ``generation_kwargs={"min_new_tokens": 32}``; ours via ``HFRolloutEngine.benchmark_min_new_tokens``,
+  which the engine passes to ``generate``) to time full 32-token completions. Those completions
   score 0, so every group is all-fail: use ``--no-skip-zero-adv`` with it, or ours skips all fwd/bwd.
 - Reward: ``mutual_rl.rewards.get_reward("integer_match")`` on both (TRL: ``reward(prompts, completions, answer,
   **kw)`` with the ``answer`` column passed through the dataset).
@@ -271,8 +271,8 @@ def main():
                       clip_low=0.2, clip_high=0.28, agg="token-mean", scale="group",
                       skip_zero_advantage=not args.no_skip_zero_adv)
     ours = OurStep(spec, model, tok, algo)
-    if args.min_new_tokens:  # HFRolloutEngine passes no min_new_tokens; generate() takes it from the model's config
-        ours.policy.model.generation_config.min_new_tokens = args.min_new_tokens
+    if args.min_new_tokens:  # EOS suppressed on our side too (a benchmark-only engine setting)
+        ours.module.engine.benchmark_min_new_tokens = args.min_new_tokens
 
     problems = task.train_problems()
     total = args.warmup + args.pairs

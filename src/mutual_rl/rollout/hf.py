@@ -12,6 +12,10 @@ trainer's log-probs do not have. The remaining unset fields take transformers' n
 token is read from the processed scores (temperature, top-k and top-p applied), i.e. the distribution the token was
 drawn from.
 
+The key/value cache is preallocated for the prompt width plus ``max_new_tokens`` (``rollout/kv_cache.py``): no
+per-step concatenation of the whole cache; the same tokens and log-probs (tested). ``preallocate_cache = False``
+on the engine gives Hugging Face's default cache.
+
 Under FSDP with several processes (each rank generating for its own prompts) every rank runs the same number of
 ``generate`` calls -- missing ones as one-prompt dummies whose output is discarded -- with ``synced_gpus=True``,
 so ranks whose sequences finish early keep taking part in the others' forwards (``mutual_rl.policies.lockstep``).
@@ -29,6 +33,7 @@ from mutual_rl.data.task import Problem
 from mutual_rl.policies.lockstep import in_lockstep, padded
 from mutual_rl.policies.spec import SamplingSpec
 from mutual_rl.rollout.base import RolloutEngine
+from mutual_rl.rollout.kv_cache import preallocated_cache
 from mutual_rl.strategies import generation_params
 from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Rollout
@@ -39,6 +44,10 @@ class HFRolloutEngine(RolloutEngine):
 
     def __init__(self, chunk_size: int = 512):
         self.chunk_size = chunk_size
+        self.preallocate_cache = True  # key/value buffers allocated once per call (rollout/kv_cache.py)
+        # benchmarks only (scripts/bench_step.py): EOS suppressed for this many tokens; the trainer's log-probs do
+        # not model it, so it is no training option
+        self.benchmark_min_new_tokens = 0
 
     def place(self, name: str, placement: str | int) -> None:
         """Only ``"colocate"``: this engine generates with the training model itself, on the trainer's device."""
@@ -89,10 +98,13 @@ class HFRolloutEngine(RolloutEngine):
             do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
             output_scores=True, return_dict_in_generate=True, pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+            **({"min_new_tokens": self.benchmark_min_new_tokens} if self.benchmark_min_new_tokens else {}),
         )
         with generation_params(policy.model) as model, only_config(model, cfg):
-            gen = model.generate(input_ids=ids.to(dev), attention_mask=attn.to(dev), generation_config=cfg,
-                                 **({"synced_gpus": True} if synced else {}))
+            extra = {"synced_gpus": True} if synced else {}
+            if self.preallocate_cache:
+                extra["past_key_values"] = preallocated_cache(model, width + s.max_new_tokens)
+            gen = model.generate(input_ids=ids.to(dev), attention_mask=attn.to(dev), generation_config=cfg, **extra)
         seq = gen.sequences[:, width:].cpu()  # [B, T]
         scores = torch.stack(gen.scores, dim=1).float()  # [B, T, V] processed (tempered, filtered) logits
         logp = torch.log_softmax(scores, dim=-1).gather(-1, seq.to(scores.device).unsqueeze(-1)).squeeze(-1).cpu()
