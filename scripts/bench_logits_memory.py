@@ -16,8 +16,7 @@ Two variants of the same update, each in a fresh subprocess:
 * ``chunked``: the head runs outside the model in chunks of tokens (``algorithms/token_logp.py``, the default).
 
 Memory is the peak during the steps minus the memory just before them (model built, one small warm-up update
-done and its gradients freed): the CPU resident set sampled every 0.2 ms (psutil) with glibc's
-``MALLOC_MMAP_THRESHOLD_=65536`` so freed tensors go back to the OS, or ``torch.cuda.max_memory_allocated``.
+done and its gradients freed), measured as ``scripts/peak_memory.py`` says (CPU RSS, or CUDA's allocator peak).
 Variants alternate for ``--reps`` runs each; the ratio is median(chunked) / median(full). The log-probs of both
 variants are printed (their sums agree to float rounding).
 
@@ -30,17 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
-import threading
 import time
+
+from peak_memory import PeakMemory, run_variants
 
 
 def measure(args) -> dict:
     """Child process: build the preset, run the updates, report the peak memory delta (MiB)."""
-    import psutil
     import torch
 
     from mutual_rl.policies.policy import build_policy
@@ -69,33 +65,14 @@ def measure(args) -> dict:
         return float(logp.detach().double().sum())
 
     update(8)  # warm-up: lazily loaded code, thread pools and the optimizer state go into the baseline
-    proc = psutil.Process()
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-    base_rss = proc.memory_info().rss
-    peak_rss, stop = [base_rss], threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak_rss[0] = max(peak_rss[0], proc.memory_info().rss)
-            time.sleep(0.0002)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
     t0 = time.perf_counter()
-    sums = [update(args.rows) for _ in range(args.steps)]
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
+    with PeakMemory(dev) as mem:
+        sums = [update(args.rows) for _ in range(args.steps)]
     secs = time.perf_counter() - t0
-    stop.set()
-    sampler.join()
-    peak_rss[0] = max(peak_rss[0], proc.memory_info().rss)
     out = {"variant": args.variant, "vocab": vocab, "params": sum(p.numel() for p in policy.parameters()),
-           "seconds": secs, "rss_delta_mib": (peak_rss[0] - base_rss) / 2**20, "logp_sums": sums}
-    if dev.type == "cuda":
-        out["cuda_delta_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+           "seconds": secs, "rss_delta_mib": mem.rss_delta_mib, "logp_sums": sums}
+    if mem.cuda_delta_mib is not None:
+        out["cuda_delta_mib"] = mem.cuda_delta_mib
     return out
 
 
@@ -120,21 +97,13 @@ def main():
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     key = "cuda_delta_mib" if args.device == "cuda" else "rss_delta_mib"
-    runs: dict[str, list[dict]] = {"full": [], "chunked": []}
-    order = [v for i in range(args.reps) for v in (("full", "chunked") if i % 2 == 0 else ("chunked", "full"))]
-    child_args = [f"--{k}={v}" for k, v in vars(args).items() if k not in ("reps", "variant") and v is not None]
-    # the preset's build-time quality report samples thousands of completions over 151k logits: not measured here
-    env = {"MUTUAL_RL_PRESET_REPORT": "0", **os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    for variant in order:
-        res = subprocess.run([sys.executable, os.path.abspath(__file__), *child_args, f"--variant={variant}"],
-                             capture_output=True, text=True, check=False, env=env)
-        line = next((x for x in res.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if res.returncode or line is None:
-            raise SystemExit(f"{variant} run failed:\n{res.stdout}\n{res.stderr}")
-        r = json.loads(line[7:])
-        runs[variant].append(r)
+
+    def show(variant, r):
         print(f"  {variant:7s}: peak delta {r[key]:8.1f} MiB ({r['seconds']:.2f}s; log-prob sums "
               f"{', '.join(f'{s:.4f}' for s in r['logp_sums'])})", flush=True)
+
+    # the preset's build-time quality report samples thousands of completions over 151k logits: not measured here
+    runs = run_variants(__file__, args, ("full", "chunked"), env={"MUTUAL_RL_PRESET_REPORT": "0"}, on_result=show)
     med = {v: statistics.median(r[key] for r in rs) for v, rs in runs.items()}
     sec = {v: statistics.median(r["seconds"] for r in rs) for v, rs in runs.items()}
     r0 = runs["full"][0]

@@ -36,18 +36,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
-import subprocess
-import sys
-import threading
 import time
+
+from peak_memory import PeakMemory, run_variants
 
 
 def measure(args) -> dict:
     """Child process: build, wrap, run the steps, report peak memory deltas (MiB)."""
-    import psutil
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -71,38 +68,19 @@ def measure(args) -> dict:
     policy.model(input_ids=tiny, labels=tiny).loss.backward()
     policy.zero_grad(set_to_none=True)
 
-    proc = psutil.Process()
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-    base_rss = proc.memory_info().rss
-    peak_rss, stop = [base_rss], threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak_rss[0] = max(peak_rss[0], proc.memory_info().rss)
-            time.sleep(0.0002)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
     t0 = time.perf_counter()
-    for _ in range(args.steps):
-        loss = policy.model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
+    with PeakMemory(dev) as mem:
+        for _ in range(args.steps):
+            loss = policy.model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
     secs = time.perf_counter() - t0
-    stop.set()
-    sampler.join()
-    peak_rss[0] = max(peak_rss[0], proc.memory_info().rss)
     out = {"variant": args.variant, "params": n_all, "trainable": n_train, "seconds": secs,
-           "rss_delta_mib": (peak_rss[0] - base_rss) / 2**20,
+           "rss_delta_mib": mem.rss_delta_mib,
            "ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    if dev.type == "cuda":
-        out["cuda_delta_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    if mem.cuda_delta_mib is not None:
+        out["cuda_delta_mib"] = mem.cuda_delta_mib
     return out
 
 
@@ -127,20 +105,12 @@ def main():
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     key = "cuda_delta_mib" if args.device == "cuda" else "rss_delta_mib"
-    runs: dict[str, list[dict]] = {"full": [], "lora": []}
-    order = [v for i in range(args.reps) for v in (("full", "lora") if i % 2 == 0 else ("lora", "full"))]
-    child_args = [f"--{k}={v}" for k, v in vars(args).items() if k not in ("reps", "variant") and v is not None]
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    for variant in order:
-        res = subprocess.run([sys.executable, os.path.abspath(__file__), *child_args, f"--variant={variant}"],
-                             capture_output=True, text=True, check=False, env=env)
-        line = next((x for x in res.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if res.returncode or line is None:
-            raise SystemExit(f"{variant} run failed:\n{res.stdout}\n{res.stderr}")
-        r = json.loads(line[7:])
-        runs[variant].append(r)
+
+    def show(variant, r):
         print(f"  {variant:4s}: peak delta {r[key]:8.1f} MiB  (RSS delta {r['rss_delta_mib']:.1f}, lifetime "
               f"ru_maxrss {r['ru_maxrss_mib']:.1f} MiB; {r['seconds']:.2f}s)", flush=True)
+
+    runs = run_variants(__file__, args, ("full", "lora"), on_result=show)
     full, lora = runs["full"][0], runs["lora"][0]
     med = {v: statistics.median(r[key] for r in rs) for v, rs in runs.items()}
     print(f"\nmodel: GPT-2 w{args.width} l{args.layers} vocab {args.vocab}: {full['params'] / 1e6:.2f} M params; "

@@ -177,3 +177,39 @@ def test_pipeline_source_ids_to_receiver_trace(toks, receiver):
     last = alignment_groups(decoded.text, src_off, r.response_offsets)[-1]
     assert last.source[-1] == len(src_ids) - 1 and last.target[-1] == len(r.response_offsets) - 1
     assert text[r.response_offsets[last.target[0]][0]:].strip() == "done"
+
+
+def _full_prefix_spans(tok, ids, text):
+    """The definition of offsets_by_decoding, decoding every prefix (the slow reference)."""
+    spans, end = [], 0
+    for i in range(len(ids)):
+        prefix = tok.decode(ids[: i + 1], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        new_end = len(prefix) if len(prefix) >= end and text.startswith(prefix) else end
+        spans.append((end, new_end))
+        end = new_end
+    return spans
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_decoding_offsets_equal_their_definition_on_sampled_ids(toks, name):
+    """Random sampled ids (special tokens, split multi-byte characters, non-canonical merges included): the spans
+    (decoded with the Rust backend directly) equal the definition decoded with ``tokenizer.decode``, for every
+    tokenizer family."""
+    tok = toks[name]
+    g = torch.Generator().manual_seed(0)
+    checked = 0
+    for trial in range(60):
+        n = int(torch.randint(1, 40, (1,), generator=g))
+        ids = torch.randint(0, len(tok), (n,), generator=g).tolist()
+        text = tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        try:
+            expected = _full_prefix_spans(tok, ids, text)
+        except ValueError:
+            continue
+        assert offsets_by_decoding(tok, ids, text) == expected, (name, ids)
+        checked += 1
+    for text in ["x = 12 😀🦀 数学", "naïve café 7", "12 + 34 = 46"]:  # canonical encodings too
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        decoded = tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        assert offsets_by_decoding(tok, ids, decoded) == _full_prefix_spans(tok, ids, decoded)
+    assert checked >= 50
