@@ -198,7 +198,7 @@ def test_decoding_offsets_equal_their_definition_on_sampled_ids(toks, name):
     tok = toks[name]
     g = torch.Generator().manual_seed(0)
     checked = 0
-    for trial in range(60):
+    for _ in range(60):
         n = int(torch.randint(1, 40, (1,), generator=g))
         ids = torch.randint(0, len(tok), (n,), generator=g).tolist()
         text = tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)

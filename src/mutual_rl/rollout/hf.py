@@ -3,14 +3,14 @@
 Prompts are rendered in the policy's own format and left-padded (batched generation needs it). Sampling is
 exactly as configured and nothing else: ``generate`` gets a fresh ``GenerationConfig`` holding only what the
 ``SamplingSpec`` and the tokenizer say (``do_sample``, ``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``,
-EOS / pad / BOS ids, scores output), and for the call the model's own ``generation_config`` is replaced by that
+EOS / pad / BOS ids), and for the call the model's own ``generation_config`` is replaced by that
 same config, because ``generate`` fills every field the passed config leaves unset from the model's (a checkpoint's
 ``generation_config.json``: ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``, ``top_k``,
 ``typical_p``, ``bad_words_ids``, ``suppress_tokens``, ...), and each such field adds a logits processor that the
 trainer's log-probs do not have. The remaining unset fields take transformers' neutral global defaults, except
 ``top_k``, which is passed explicitly (0 = off; transformers would otherwise apply 50). The log-prob of each sampled
 token is read from the processed scores (temperature, top-k and top-p applied), i.e. the distribution the token was
-drawn from.
+drawn from, one step at a time (:class:`SampledLogProbs`), so the scores of the whole response are never kept.
 
 The key/value cache is preallocated for the prompt width plus ``max_new_tokens`` (``rollout/kv_cache.py``): no
 per-step concatenation of the whole cache; the same tokens and log-probs (tested). ``preallocate_cache = False``
@@ -23,11 +23,19 @@ so ranks whose sequences finish early keep taking part in the others' forwards (
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from contextlib import contextmanager
 
 import torch
-from transformers import GenerationConfig
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from mutual_rl.data.task import Problem
 from mutual_rl.policies.lockstep import in_lockstep, padded
@@ -48,6 +56,7 @@ class HFRolloutEngine(RolloutEngine):
         # benchmarks only (scripts/bench_step.py): EOS suppressed for this many tokens; the trainer's log-probs do
         # not model it, so it is no training option
         self.benchmark_min_new_tokens = 0
+        self._keep_scores = False  # True: the reference path (generate's output_scores, [B, T, V] kept; tests)
 
     def place(self, name: str, placement: str | int) -> None:
         """Only ``"colocate"``: this engine generates with the training model itself, on the trainer's device."""
@@ -94,9 +103,14 @@ class HFRolloutEngine(RolloutEngine):
             ids[r, width - len(p):] = torch.tensor(p)
             attn[r, width - len(p):] = 1
         dev = policy.device
+        # the sampling warpers run inside the recorder (generate applies its own after any custom processor),
+        # in generate's order; the reference path lets generate apply them and keeps its scores
+        recorder = SampledLogProbs(s.temperature, s.top_k, s.top_p)
+        warp = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k} if self._keep_scores else \
+            {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
         cfg = GenerationConfig(
-            do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens,
-            output_scores=True, return_dict_in_generate=True, pad_token_id=tok.pad_token_id,
+            do_sample=True, max_new_tokens=s.max_new_tokens, **warp,
+            output_scores=self._keep_scores, return_dict_in_generate=True, pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
             **({"min_new_tokens": self.benchmark_min_new_tokens} if self.benchmark_min_new_tokens else {}),
         )
@@ -104,10 +118,15 @@ class HFRolloutEngine(RolloutEngine):
             extra = {"synced_gpus": True} if synced else {}
             if self.preallocate_cache:
                 extra["past_key_values"] = preallocated_cache(model, width + s.max_new_tokens)
+            if not self._keep_scores:
+                extra.update(logits_processor=LogitsProcessorList([recorder]), streamer=recorder)
             gen = model.generate(input_ids=ids.to(dev), attention_mask=attn.to(dev), generation_config=cfg, **extra)
         seq = gen.sequences[:, width:].cpu()  # [B, T]
-        scores = torch.stack(gen.scores, dim=1).float()  # [B, T, V] processed (tempered, filtered) logits
-        logp = torch.log_softmax(scores, dim=-1).gather(-1, seq.to(scores.device).unsqueeze(-1)).squeeze(-1).cpu()
+        if self._keep_scores:  # the reference: every step's processed scores, [B, T, V]
+            scores = torch.stack(gen.scores, dim=1).float()
+            logp = torch.log_softmax(scores, dim=-1).gather(-1, seq.to(scores.device).unsqueeze(-1)).squeeze(-1).cpu()
+        else:
+            logp = recorder.logp(seq.shape[1])
         is_eos = seq == tok.eos_token_id
         first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, seq.shape[1]).tolist()  # length incl. EOS
         return [seq[r, :n] for r, n in enumerate(first)], [logp[r, :n] for r, n in enumerate(first)]
@@ -127,6 +146,52 @@ class HFRolloutEngine(RolloutEngine):
             prompt_ids=torch.tensor(prompt_ids, dtype=torch.long), response_ids=ids, logp=logp,
             offsets=offsets, finish_reason="eos" if stopped else "length",
         )
+
+
+class SampledLogProbs(LogitsProcessor):
+    """The log-prob of each sampled token under the processed scores, one decoding step at a time.
+
+    Passed to ``generate`` both as its logits processor and as its streamer. As the processor it applies the
+    sampling warpers itself -- temperature, top-k, top-p, with transformers' own classes in ``generate``'s order
+    (``generate`` appends its warpers *after* any custom processor, so it is called with them off) -- and records
+    the result; as the streamer it is handed each step's sampled tokens (the prompt first). Each step's ``log_softmax`` waits in a queue until its tokens arrive, so at most a step or two
+    of ``[B, V]`` log-probs exist at a time, where ``output_scores`` would keep ``[B, T, V]`` to the end (5 GB for
+    128 responses of 64 tokens on a 151k vocabulary). Same values as gathering from ``output_scores`` (tested).
+    """
+
+    def __init__(self, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
+        warpers = []
+        if temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(temperature))
+        if top_k:
+            warpers.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
+        if top_p < 1.0:
+            warpers.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
+        self._warpers = LogitsProcessorList(warpers)
+        self._pending: deque[torch.Tensor] = deque()
+        self._steps: list[torch.Tensor] = []
+        self._prompt_seen = False
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = self._warpers(input_ids, scores)
+        self._pending.append(torch.log_softmax(scores.float(), dim=-1))
+        return scores
+
+    def put(self, value: torch.Tensor) -> None:  # streamer protocol
+        if not self._prompt_seen:  # generate puts the prompt ids first
+            self._prompt_seen = True
+            return
+        lsm = self._pending.popleft()
+        self._steps.append(lsm.gather(-1, value.to(lsm.device).view(-1, 1)).squeeze(-1))  # on the device
+
+    def end(self) -> None:  # streamer protocol
+        self._pending.clear()
+
+    def logp(self, steps: int) -> torch.Tensor:
+        """``[B, steps]``: the recorded log-probs of the ``steps`` generated tokens."""
+        if len(self._steps) != steps:
+            raise RuntimeError(f"generate produced {steps} tokens per row but {len(self._steps)} were streamed")
+        return torch.stack(self._steps, dim=1).cpu()
 
 
 @contextmanager
