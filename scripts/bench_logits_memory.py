@@ -32,7 +32,7 @@ import json
 import statistics
 import time
 
-from peak_memory import PeakMemory, run_variants
+from peak_memory import PeakMemory, memory_key, run_variants
 
 
 def measure(args) -> dict:
@@ -92,11 +92,7 @@ def main():
         return
     if args.rows < 8 or args.rows % 8:
         raise SystemExit(f"--rows must be a positive multiple of 8 (groups of 8), got {args.rows}")
-    if args.device is None:
-        import torch
-
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    key = "cuda_delta_mib" if args.device == "cuda" else "rss_delta_mib"
+    key = memory_key(args)
 
     def show(variant, r):
         print(f"  {variant:7s}: peak delta {r[key]:8.1f} MiB ({r['seconds']:.2f}s; log-prob sums "

@@ -40,7 +40,7 @@ import resource
 import statistics
 import time
 
-from peak_memory import PeakMemory, run_variants
+from peak_memory import PeakMemory, memory_key, run_variants
 
 
 def measure(args) -> dict:
@@ -100,11 +100,7 @@ def main():
     if args.variant:
         print("RESULT " + json.dumps(measure(args)), flush=True)
         return
-    if args.device is None:
-        import torch
-
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    key = "cuda_delta_mib" if args.device == "cuda" else "rss_delta_mib"
+    key = memory_key(args)
 
     def show(variant, r):
         print(f"  {variant:4s}: peak delta {r[key]:8.1f} MiB  (RSS delta {r['rss_delta_mib']:.1f}, lifetime "

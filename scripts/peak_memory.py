@@ -60,6 +60,15 @@ class PeakMemory:
         return False
 
 
+def memory_key(args) -> str:
+    """Set ``args.device`` when unset (CUDA if available, else CPU); the result field the comparison uses there."""
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda_delta_mib" if args.device == "cuda" else "rss_delta_mib"
+
+
 def run_variants(script: str, args, variants: tuple[str, str], env: dict | None = None, on_result=None) -> dict:
     """Run ``script --variant=V`` with ``args``' options for ``args.reps`` rounds per variant, alternating; returns
     ``{variant: [result dicts]}``. ``env``: defaults for the children's environment. ``on_result(variant, result)`` is called after each run (for printing)."""

@@ -30,13 +30,19 @@ def test_shared_prompt_forward_matches_plain(name, lora):
     results = []
     for share in (False, True):
         policy.share_prompts = share
-        policy.zero_grad(set_to_none=True)
-        logp, ent = policy.response_logp(b.input_ids, b.attention_mask, b.response_width, 0.9, with_entropy=True)
-        (-(logp * b.response_mask).sum()).backward()
-        grads = [p.grad.clone() for p in policy.parameters() if p.requires_grad]
-        results.append((logp.detach() * b.response_mask, ent * b.response_mask, grads))
+        results.append(logp_entropy_and_grads(policy, b, 0.9))
     policy.share_prompts = True
     torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=1e-5)
     torch.testing.assert_close(results[0][1], results[1][1], rtol=0, atol=1e-5)
-    for g0, g1 in zip(results[0][2], results[1][2]):
-        torch.testing.assert_close(g0, g1, rtol=1e-4, atol=1e-6)
+    assert results[0][2].keys() == results[1][2].keys()
+    for n, g0 in results[0][2].items():
+        torch.testing.assert_close(g0, results[1][2][n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def logp_entropy_and_grads(policy, b, temperature: float):
+    """(masked log-probs, masked entropies, {parameter name: gradient of -Σ logp}) of batch ``b``."""
+    policy.zero_grad(set_to_none=True)
+    logp, ent = policy.response_logp(b.input_ids, b.attention_mask, b.response_width, temperature, with_entropy=True)
+    (-(logp * b.response_mask).sum()).backward()
+    grads = {n: p.grad.clone() for n, p in policy.named_parameters() if p.requires_grad}
+    return logp.detach() * b.response_mask, ent * b.response_mask, grads

@@ -12,10 +12,6 @@ trainer's log-probs do not have. The remaining unset fields take transformers' n
 token is read from the processed scores (temperature, top-k and top-p applied), i.e. the distribution the token was
 drawn from, one step at a time (:class:`SampledLogProbs`), so the scores of the whole response are never kept.
 
-The key/value cache is preallocated for the prompt width plus ``max_new_tokens`` (``rollout/kv_cache.py``): no
-per-step concatenation of the whole cache; the same tokens and log-probs (tested). ``preallocate_cache = False``
-on the engine gives Hugging Face's default cache.
-
 Under FSDP with several processes (each rank generating for its own prompts) every rank runs the same number of
 ``generate`` calls -- missing ones as one-prompt dummies whose output is discarded -- with ``synced_gpus=True``,
 so ranks whose sequences finish early keep taking part in the others' forwards (``mutual_rl.policies.lockstep``).
@@ -41,7 +37,6 @@ from mutual_rl.data.task import Problem
 from mutual_rl.policies.lockstep import in_lockstep, padded
 from mutual_rl.policies.spec import SamplingSpec
 from mutual_rl.rollout.base import RolloutEngine
-from mutual_rl.rollout.kv_cache import preallocated_cache
 from mutual_rl.strategies import generation_params
 from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Rollout
@@ -52,7 +47,6 @@ class HFRolloutEngine(RolloutEngine):
 
     def __init__(self, chunk_size: int = 512):
         self.chunk_size = chunk_size
-        self.preallocate_cache = True  # key/value buffers allocated once per call (rollout/kv_cache.py)
         # benchmarks only (scripts/bench_step.py): EOS suppressed for this many tokens; the trainer's log-probs do
         # not model it, so it is no training option
         self.benchmark_min_new_tokens = 0
@@ -103,30 +97,28 @@ class HFRolloutEngine(RolloutEngine):
             ids[r, width - len(p):] = torch.tensor(p)
             attn[r, width - len(p):] = 1
         dev = policy.device
-        # the sampling warpers run inside the recorder (generate applies its own after any custom processor),
-        # in generate's order; the reference path lets generate apply them and keeps its scores
-        recorder = SampledLogProbs(s.temperature, s.top_k, s.top_p)
-        warp = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k} if self._keep_scores else \
-            {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+        # the sampling warpers run inside the recorder, because generate would apply its own after any custom
+        # processor; the reference path (_keep_scores) lets generate apply them and keeps all its scores
+        recorder = None if self._keep_scores else SampledLogProbs(s.temperature, s.top_k, s.top_p)
+        warp = {"temperature": 1.0, "top_p": 1.0, "top_k": 0} if recorder else \
+            {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k}
         cfg = GenerationConfig(
             do_sample=True, max_new_tokens=s.max_new_tokens, **warp,
-            output_scores=self._keep_scores, return_dict_in_generate=True, pad_token_id=tok.pad_token_id,
+            output_scores=recorder is None, return_dict_in_generate=True, pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
             **({"min_new_tokens": self.benchmark_min_new_tokens} if self.benchmark_min_new_tokens else {}),
         )
+        extra = {"synced_gpus": True} if synced else {}
+        if recorder:
+            extra.update(logits_processor=LogitsProcessorList([recorder]), streamer=recorder)
         with generation_params(policy.model) as model, only_config(model, cfg):
-            extra = {"synced_gpus": True} if synced else {}
-            if self.preallocate_cache:
-                extra["past_key_values"] = preallocated_cache(model, width + s.max_new_tokens)
-            if not self._keep_scores:
-                extra.update(logits_processor=LogitsProcessorList([recorder]), streamer=recorder)
             gen = model.generate(input_ids=ids.to(dev), attention_mask=attn.to(dev), generation_config=cfg, **extra)
         seq = gen.sequences[:, width:].cpu()  # [B, T]
-        if self._keep_scores:  # the reference: every step's processed scores, [B, T, V]
+        if recorder:
+            logp = recorder.logp(seq.shape[1])
+        else:  # the reference: every step's processed scores, [B, T, V]
             scores = torch.stack(gen.scores, dim=1).float()
             logp = torch.log_softmax(scores, dim=-1).gather(-1, seq.to(scores.device).unsqueeze(-1)).squeeze(-1).cpu()
-        else:
-            logp = recorder.logp(seq.shape[1])
         is_eos = seq == tok.eos_token_id
         first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, seq.shape[1]).tolist()  # length incl. EOS
         return [seq[r, :n] for r, n in enumerate(first)], [logp[r, :n] for r, n in enumerate(first)]
@@ -154,9 +146,10 @@ class SampledLogProbs(LogitsProcessor):
     Passed to ``generate`` both as its logits processor and as its streamer. As the processor it applies the
     sampling warpers itself -- temperature, top-k, top-p, with transformers' own classes in ``generate``'s order
     (``generate`` appends its warpers *after* any custom processor, so it is called with them off) -- and records
-    the result; as the streamer it is handed each step's sampled tokens (the prompt first). Each step's ``log_softmax`` waits in a queue until its tokens arrive, so at most a step or two
-    of ``[B, V]`` log-probs exist at a time, where ``output_scores`` would keep ``[B, T, V]`` to the end (5 GB for
-    128 responses of 64 tokens on a 151k vocabulary). Same values as gathering from ``output_scores`` (tested).
+    the result; as the streamer it is handed each step's sampled tokens (the prompt first). Each step's
+    ``log_softmax`` waits in a queue until its tokens arrive, so at most a step or two of ``[B, V]`` log-probs exist
+    at a time, where ``output_scores`` would keep ``[B, T, V]`` to the end (5 GB for 128 responses of 64 tokens on a
+    151k vocabulary). Same values as gathering from ``output_scores`` (tested).
     """
 
     def __init__(self, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
