@@ -69,6 +69,9 @@ class MutualRLCLI(LightningCLI):
         parser.set_defaults({"trainer." + k: v for k, v in self.trainer_defaults.items() if k != "callbacks"})
         parser.add_lightning_class_args(self._model_class, "model", subclass_mode=self.subclass_mode_model)
         parser.add_lightning_class_args(self._datamodule_class, "data", subclass_mode=self.subclass_mode_data)
+        # one usage line instead of argparse's list of every option (80 lines that repeat the option list below)
+        parser.usage = ("%(prog)s [-h] [-c CONFIG] [--print_config[=flags]] [--ckpt_path CKPT_PATH] "
+                        "[--trainer.KEY VALUE] [--model.KEY VALUE] [--data.KEY VALUE] ...")
 
     def __init__(self, *args, **kwargs):
         kwargs["auto_configure_optimizers"] = False  # per-policy optimizers: configure_optimizers is the module's

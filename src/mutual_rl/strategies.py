@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import atexit
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 import torch
 from lightning.pytorch.strategies import FSDPStrategy
@@ -111,6 +112,7 @@ class MutualFSDPStrategy(FSDPStrategy):
         super().__init__(mixed_precision=_mixed_precision(mixed_precision), sharding_strategy=sharding_strategy,
                          state_dict_type=state_dict_type, cpu_offload=cpu_offload, **kwargs)
         self.decoder_layers = list(decoder_layers) if decoder_layers is not None else None
+        self.state_dict_type = state_dict_type
         self.activation_checkpointing = activation_checkpointing
 
     def setup_environment(self) -> None:
@@ -119,34 +121,69 @@ class MutualFSDPStrategy(FSDPStrategy):
         atexit.unregister(destroy_process_group)  # once, however many fits this process runs
         atexit.register(destroy_process_group)
 
-    # Full state dicts on CPU: Lightning always asks FSDP to "offload to CPU", which for parameters that already
-    # live on the CPU leaves views into freed gather buffers (a segfault when cloned). On CPU the three methods that
-    # build full state dicts run with offloading off; on GPUs they are Lightning's, unchanged.
-    @contextmanager
-    def _cpu_safe_full_state(self):
-        if self.root_device.type != "cpu":
-            yield
-            return
-        import lightning.pytorch.strategies.fsdp as lightning_fsdp
+    # Full state dicts, through torch's public FSDP API. Lightning's full-state paths always ask FSDP to "offload
+    # to CPU", which for parameters that already live on the CPU leaves views into freed gather buffers (a segfault
+    # when cloned); here offloading is on exactly when the parameters live on an accelerator. Sharded checkpoints
+    # are Lightning's, unchanged.
+    def _full_state(self, rank0_only: bool = True):
+        from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-        original = lightning_fsdp._get_full_state_dict_context
-        lightning_fsdp._get_full_state_dict_context = _full_state_dict_context_in_place
-        try:
-            yield
-        finally:
-            lightning_fsdp._get_full_state_dict_context = original
+        offload = self.root_device.type != "cpu"
+        return FSDP.state_dict_type(
+            self.model, StateDictType.FULL_STATE_DICT,
+            state_dict_config=FullStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only),
+            optim_state_dict_config=FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=rank0_only),
+        )
 
     def lightning_module_state_dict(self):
-        with self._cpu_safe_full_state():
+        """The LightningModule's state dict; ``full``: every policy's whole parameters, on rank 0."""
+        if self.state_dict_type != "full":
             return super().lightning_module_state_dict()
+        with self._full_state():
+            return self.model.state_dict()
 
     def optimizer_state(self, optimizer):
-        with self._cpu_safe_full_state():
+        """One policy optimizer's state; ``full``: whole (rank 0), keyed by parameter id as a plain optimizer's."""
+        if self.state_dict_type != "full":
             return super().optimizer_state(optimizer)
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import OptimStateKeyType
 
-    def load_checkpoint(self, *args, **kwargs):
-        with self._cpu_safe_full_state():
-            return super().load_checkpoint(*args, **kwargs)
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer's wrapped optimizer
+        with self._full_state():
+            state = FSDP.optim_state_dict(self.model, optimizer)
+            if self.global_rank == 0:
+                state = FSDP.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_ID, self.model)
+        return state
+
+    def load_checkpoint(self, checkpoint_path, weights_only=None):
+        """Load a checkpoint on every rank; a full one (a file) here, a sharded one (a folder) as Lightning does.
+
+        A full checkpoint's parameters go into the shards of every rank, and when fitting each policy's optimizer
+        state is re-sharded for this rank (``FSDP.optim_state_dict_to_load``)."""
+        path = Path(self.broadcast(checkpoint_path))
+        if not path.is_file():
+            return super().load_checkpoint(path, weights_only=weights_only)
+        from lightning.pytorch.trainer.states import TrainerFn
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import OptimStateKeyType
+
+        checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
+        module = self.lightning_module
+        self.model.load_state_dict(checkpoint.pop("state_dict"), strict=module.strict_loading)
+        states = checkpoint.get("optimizer_states")
+        if states is None or module.trainer.state.fn != TrainerFn.FITTING:
+            return checkpoint
+        if len(states) != len(self.optimizers):
+            raise RuntimeError(f"The checkpoint {path} holds {len(states)} optimizer states and this run has "
+                               f"{len(self.optimizers)} policies' optimizers: resume with the same policies.")
+        with self._full_state(rank0_only=False):
+            for optimizer, state in zip(self.optimizers, states):
+                if state["state"] and isinstance(next(iter(state["state"])), int):  # keyed by id: by name for FSDP
+                    state = FSDP.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_NAME, self.model)
+                optimizer.load_state_dict(FSDP.optim_state_dict_to_load(self.model, optimizer, state))
+        return checkpoint
 
     def layer_classes(self, module: nn.Module) -> set[type[nn.Module]]:
         """The decoder-layer classes to wrap (and to checkpoint) in ``module``, resolved from its submodules."""
@@ -181,19 +218,6 @@ class MutualFSDPStrategy(FSDPStrategy):
         if self.activation_checkpointing:
             _setup_activation_checkpointing(model, {"auto_wrap_policy": ModuleWrapPolicy(layers)})
         return model
-
-
-def _full_state_dict_context_in_place(module: nn.Module, world_size: int, rank0_only: bool = True):
-    """Lightning's full-state-dict context without ``offload_to_cpu`` (for CPU ranks; see MutualFSDPStrategy)."""
-    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp.api import FullOptimStateDictConfig
-
-    return FSDP.state_dict_type(
-        module=module, state_dict_type=StateDictType.FULL_STATE_DICT,
-        state_dict_config=FullStateDictConfig(offload_to_cpu=False, rank0_only=rank0_only),
-        optim_state_dict_config=FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=rank0_only),
-    )
 
 
 def shard_model(model: nn.Module, layer_classes: set[type[nn.Module]], device: torch.device, **kwargs) -> nn.Module:

@@ -133,13 +133,26 @@ def test_two_rank_fsdp_fit(presets, tmp_path):
     assert len(adapters) == 2 * 4 * 4 and all("lora_" in k and "_fsdp" not in k and v.numel() > 0
                                               for k, v in adapters.items())
     assert any(float(v.abs().max()) > 0 for k, v in adapters.items() if "lora_B" in k)  # trained (B starts at 0)
+    # the full checkpoint holds each optimizer's whole state keyed by parameter id, as a plain optimizer's
+    saved = [_adam_steps(o) for o in ckpt["optimizer_states"]]
+    assert len(saved) == 2 and all(s > 0 for s in saved)
+    assert all(isinstance(k, int) for o in ckpt["optimizer_states"] for k in o["state"])
     # resume on two ranks from the full checkpoint (model, optimizers, data position, per-rank streams)
     _run([sys.executable, "-m", "mutual_rl.cli", "fit", "--config", str(path), "--trainer.max_steps", "3",
           "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt")], timeout=600, MASTER_PORT=str(_free_port()))
+    # the optimizers went on counting from the loaded state (a fresh one would count step 3's updates only)
+    after = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)
+    resumed_steps = [_adam_steps(o) for o in after["optimizer_states"]]
+    assert all(a > s for a, s in zip(resumed_steps, saved)), (saved, resumed_steps)
     resumed = [r for r in read_step(tmp_path / "traffic", 2).records if type(r).__name__ == "Rollout"]
     earlier = {r.prompt_id for s in (0, 1) for r in read_step(tmp_path / "traffic", s).records
                if hasattr(r, "prompt_id")}
     assert len(resumed) == 2 * 2 * 2 * 4 and not {r.prompt_id for r in resumed} & earlier  # the next, unseen batch
+
+
+def _adam_steps(state: dict) -> float:
+    """The most AdamW steps any parameter of one saved optimizer state has taken."""
+    return max(float(p["step"]) for p in state["state"].values())
 
 
 def test_an_accounting_error_on_one_rank_stops_every_rank(tmp_path):
