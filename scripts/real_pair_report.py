@@ -6,7 +6,8 @@ step, peak memory, and what crossed between the two policies.
 
 The fit runs in a child process (``mutual-rl fit --config <config> ...``) with its TensorBoard log under
 ``<out>/tb``; afterwards the report is read from that log and written to ``<out>/report.json`` and
-``<out>/report.md``. Re-running with ``--report-only`` rewrites the report from an existing log.
+``<out>/report.md``. Re-running with ``--report-only`` rewrites the report from an existing log;
+``--plot results/real/before_after.png`` draws every run's report next to the ``--out`` folder into one figure.
 
 What is reported, per policy: ``val/pass@1`` (with the shipped evaluation settings, k = 1 at temperature 0, the
 greedy accuracy) and ``val/boxed_rate`` at step 0 (before any update) and at the last evaluation; seconds per
@@ -130,14 +131,67 @@ def markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot_reports(report_dirs: list[Path], out: Path) -> Path:
+    """``out`` (a PNG): each run's held-out pass@1 and ``\\boxed{}`` rate, before (hollow) and after (filled) per
+    policy, one colour per regime (the colours of ``scripts/compare_plots.py``). A run is one seed, so there is no
+    seed band; the figure says so."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from compare_plots import _color
+
+    runs = [(d.name, json.loads((d / "report.json").read_text())) for d in report_dirs]
+    policies = sorted({p for _, r in runs for p in r["policies"]})
+    metrics = [("pass@1", "held-out pass@1 (%, greedy)"), ("boxed_rate", "answers with \\boxed{} (%)")]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4.2), squeeze=False)
+    width = 0.8 / max(len(runs), 1)
+    for ax, (metric, ylabel) in zip(axes[0], metrics):
+        peak = 0.0
+        for j, (name, r) in enumerate(runs):
+            for i, p in enumerate(policies):
+                m = r["policies"].get(p)
+                if not m or m[f"{metric}_before"] is None or m[f"{metric}_after"] is None:
+                    continue
+                x = i - 0.4 + width * (j + 0.5)
+                before, after = 100 * m[f"{metric}_before"], 100 * m[f"{metric}_after"]
+                ax.bar(x, after, width * 0.9, color=_color(name), label=f"{name}: after {r['steps']} steps"
+                       if i == 0 else None)
+                ax.bar(x, before, width * 0.9, fill=False, edgecolor="black", linestyle="--", linewidth=1,
+                       label="step 0 (before RL)" if i == 0 and j == 0 else None)
+                ax.annotate(f"{before:.1f} -> {after:.1f}", (x, max(before, after)), ha="center", va="bottom",
+                            fontsize=7, xytext=(0, 2), textcoords="offset points")
+                peak = max(peak, before, after)
+        ax.set_xticks(range(len(policies)), policies)
+        ax.set(xlabel="policy", ylabel=ylabel, ylim=(0, min(105.0, max(5.0, 1.2 * peak))))
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].legend(fontsize=8, loc="upper right")
+    fig.suptitle("configs/real: SmolLM2-135M-Instruct and tiny:qwen-vocab (one seed per run, so no seed band)",
+                 fontsize=10)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "configs" / "real" / "sgt.yaml"))
     ap.add_argument("--out", default=str(ROOT / "results" / "real" / "sgt"))
     ap.add_argument("--steps", type=int, default=None, help="override trainer.max_steps (evaluates at the end)")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--plot", metavar="PNG", default=None,
+                    help="only plot: the report.json of every run folder under the parent of --out (e.g. "
+                         "results/real/grpo and results/real/sgt) into PNG, then exit")
     ap.add_argument("extra", nargs="*", help="more mutual-rl fit arguments, e.g. --data.batch_size=2")
     args = ap.parse_args(argv)
+    if args.plot:
+        dirs = sorted(d for d in Path(args.out).parent.iterdir() if (d / "report.json").is_file())
+        print(plot_reports(dirs, Path(args.plot)))
+        return
     if not args.report_only:
         run_fit(args)
     print(markdown(report(Path(args.out))))
