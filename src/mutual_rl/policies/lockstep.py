@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import torch
 
-from mutual_rl.distributed import agree_max, agree_sum, collective_device, lockstep_needed
+from mutual_rl.distributed import agree_max, agree_sum, collective_device, lockstep_needed, rank_and_world
 
 T = TypeVar("T")
 
@@ -44,6 +44,11 @@ def sum_over_ranks(values: Sequence[float]) -> list[float]:
 def max_over_ranks(values: Sequence[int]) -> list[int]:
     """Element-wise maximum over every process (identity in one process); every rank must call it alike."""
     return agree_max(values)
+
+
+def world_size() -> int:
+    """The number of processes of the run (1 without a process group)."""
+    return rank_and_world()[1]
 
 
 def reduction_device() -> torch.device:

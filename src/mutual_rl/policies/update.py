@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 
 from mutual_rl.algorithms import masked_mean, zero_advantage_skip_mask
-from mutual_rl.distributed import agree_max, agree_sum, lockstep_needed, rank_and_world
+from mutual_rl.policies.lockstep import in_lockstep, max_over_ranks, padded, sum_over_ranks, world_size
 from mutual_rl.policies.objectives import get_objective
 from mutual_rl.regimes.base import NLLTerm, TrainingPlan
 from mutual_rl.strategies import clip_grad_norm_
@@ -129,7 +129,7 @@ def recompute_old_logp(policy, batch: PolicyBatch, rows: list[int], temperature:
     """Overwrite ``batch.old_logp`` of ``rows`` with the current policy's log-probs (before the update)."""
     parts = chunks(rows, micro)
     if lockstep:  # agree on the count *before* any forward: each forward is itself a collective
-        parts += [None] * (agree_max([len(parts)])[0] - len(parts))
+        parts = padded(policy, parts)
     for part in parts:
         if part is None:  # lockstep dummy
             policy.dummy_logp(temperature)
@@ -192,12 +192,12 @@ def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: 
         mb.num_parts, mb.nll_pass = len(mb.parts), bool(mb.nll_rows)
     if not lockstep:
         return out
-    _, world = rank_and_world()
-    m = agree_max([len(out)])[0]
+    world = world_size()
+    m = max_over_ranks([len(out)])[0]
     out += [_MiniBatch(rows=[], parts=[], nll_rows=[], token_count=0.0, num_seqs=0, max_len=max_len)
             for _ in range(m - len(out))]
-    maxes = agree_max([mb.num_parts for mb in out] + [int(mb.nll_pass) for mb in out])
-    sums = agree_sum([float(mb.token_count) for mb in out] + [mb.num_seqs for mb in out]
+    maxes = max_over_ranks([mb.num_parts for mb in out] + [int(mb.nll_pass) for mb in out])
+    sums = sum_over_ranks([float(mb.token_count) for mb in out] + [mb.num_seqs for mb in out]
                      + [len(mb.nll_rows) for mb in out])
     for i, mb in enumerate(out):
         mb.num_parts, mb.nll_pass = maxes[i], bool(maxes[m + i])
@@ -235,7 +235,7 @@ def update_policy(
     takes_index = _accepts(objective, "update_index")
     temperature = policy.spec.sampling.temperature
     params = [p for p in policy.parameters() if p.requires_grad]
-    lockstep = lockstep_needed(policy.model)
+    lockstep = in_lockstep(policy)
     refused = _refuse_nonfinite_advantages(policy, plan, cfg, lockstep)
     if refused is not None:
         return refused
@@ -288,7 +288,7 @@ def _refuse_nonfinite_advantages(policy, plan: TrainingPlan, cfg: GRPOConfig, lo
     batch = plan.batch
     bad = not bool(torch.isfinite(batch.advantages).all())
     if lockstep:  # every rank refuses the same updates (each forward of a sharded model is collective)
-        bad = bool(agree_max([int(bad)])[0])
+        bad = bool(max_over_ranks([int(bad)])[0])
     if not bad:
         return None
     rows = (~torch.isfinite(batch.advantages)).nonzero().squeeze(-1).tolist()
@@ -377,7 +377,7 @@ def _step_allowed(policy, cfg: GRPOConfig, res: _MiniBatchResult, norm: torch.Te
     """Whether this mini-batch's optimizer step may be taken: its loss and gradient norm are finite on every rank.
     Otherwise ``raise`` mode raises :class:`NonFiniteUpdateError`; ``skip`` mode returns False."""
     local_bad = (not res.finite) or not bool(torch.isfinite(norm))
-    bad = bool(agree_max([int(local_bad)])[0]) if lockstep else local_bad  # every rank refuses the same steps
+    bad = bool(max_over_ranks([int(local_bad)])[0]) if lockstep else local_bad  # every rank refuses the same steps
     if not bad:
         return True
     if cfg.on_nonfinite == "raise":
@@ -407,7 +407,7 @@ def _check_finite_weights(policy, params: list[torch.Tensor], lockstep: bool) ->
     """Raise :class:`NonFiniteUpdateError` if any trainable weight is NaN/inf after the update (one reduction)."""
     finite = bool(torch.stack([torch.isfinite(p.detach()).all() for p in params]).all()) if params else True
     if lockstep:
-        finite = not agree_max([int(not finite)])[0]
+        finite = not max_over_ranks([int(not finite)])[0]
     if not finite:
         names = [n for n, p in policy.named_parameters() if p.requires_grad and not bool(torch.isfinite(p).all())]
         raise NonFiniteUpdateError(
