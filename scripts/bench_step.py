@@ -118,6 +118,10 @@ def parse_args():
     ap.add_argument("--no-skip-zero-adv", action="store_true",
                     help="ours: run fwd/bwd on zero-advantage rows too (TRL always does)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compile", action="store_true",
+                    help="ours: PolicySpec.compile (torch.compile of the training forward; compiled in the warm-up)")
+    ap.add_argument("--trl-compile", action="store_true",
+                    help="TRL: torch_compile=True (transformers compiles the trained model; compiled in the warm-up)")
     ap.add_argument("--profile", type=int, default=0, metavar="K",
                     help="after the benchmark, cProfile K more of our steps and print where the time goes")
     ap.add_argument("--json", type=str, default=None, help="write all per-pair timings to this file")
@@ -226,7 +230,7 @@ def make_trl(args, model, tokenizer, problems, total_steps, out_dir, on_reward):
         mask_truncated_completions=False, top_entropy_quantile=1.0, entropy_coef=0.0,
         optim="adamw_torch", learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0,
         adam_beta1=0.9, adam_beta2=0.99, adam_epsilon=1e-8, weight_decay=0.01, max_grad_norm=1.0,
-        remove_unused_columns=False, gradient_checkpointing=False,
+        remove_unused_columns=False, gradient_checkpointing=False, torch_compile=args.trl_compile,
         generation_kwargs={"min_new_tokens": args.min_new_tokens} if args.min_new_tokens else None,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=[integer_match], args=cfg, train_dataset=ds,
@@ -258,6 +262,7 @@ def main():
         name="p", model="tiny:gpt2-bpe", warmstart=WarmStart(steps=args.warmstart_steps),
         optimizer=OptimizerSpec(lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01, eps=1e-8, grad_clip=1.0),
         sampling=SamplingSpec(n=args.n, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens),
+        compile=args.compile,
     )
     t = time.perf_counter()
     model, tok = load_model(args, spec, task)

@@ -9,7 +9,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from mutual_rl.data.task import Problem
 from mutual_rl.policies.batch import collate
-from mutual_rl.policies.policy import build_policy, disable_dropout
+from mutual_rl.policies.dropout import disable_dropout
+from mutual_rl.policies.policy import build_policy
 from mutual_rl.policies.spec import LoraSpec, PolicySpec, SamplingSpec
 from mutual_rl.policies.update import recompute_old_logp
 from mutual_rl.presets.tokenizers import TOKENIZER_BUILDERS

@@ -10,6 +10,8 @@ import torch
 from torch import nn
 
 from mutual_rl.algorithms.token_logp import token_logp_from_hidden
+from mutual_rl.policies.compiled import check_compiler, training_model
+from mutual_rl.policies.dropout import disable_dropout, restored_dropout
 from mutual_rl.policies.lm_head import hidden_states_out, plain_head
 from mutual_rl.policies.spec import PolicySpec, WarmStart
 from mutual_rl.thl.retokenize import prompt_ids
@@ -29,6 +31,8 @@ class Policy(nn.Module):
         self.share_prompts = True  # one prompt forward per group in response_logp (see its docstring)
         self.chunked_head = True  # log-probs from hidden states in chunks where exact (see response_logp)
         self.max_prompt_tokens: int | None = None  # prompt_overflow: truncate sets it (see encode_prompt)
+        if spec.compile:
+            check_compiler()
         # before LoRA: the adapters' dropout is lora.dropout, as configured; exports put the config values back
         self._config_dropout = disable_dropout(model) if spec.disable_dropout else []
         if spec.gradient_checkpointing:
@@ -123,10 +127,11 @@ class Policy(nn.Module):
         return self.response_logp(t, torch.ones_like(t), 1, temperature, reference=reference)[0]
 
     def _response_logits(self, model, input_ids, attention_mask, width: int) -> torch.Tensor:
-        """Logits predicting the last ``width`` tokens: [B, width, V]."""
+        """Logits predicting the last ``width`` tokens: [B, width, V] (compiled when ``spec.compile``)."""
+        recomputes = model.training and getattr(model, "is_gradient_checkpointing", False)
+        model = training_model(self, model)
         pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         prompt_w = input_ids.shape[1] - width
-        recomputes = model.training and getattr(model, "is_gradient_checkpointing", False)
         if self.share_prompts and not recomputes and prompt_w > 0 and input_ids.shape[0] > 1:
             keys = torch.cat([input_ids[:, :prompt_w], attention_mask[:, :prompt_w]], dim=1)
             uniq, inverse = torch.unique(keys, dim=0, return_inverse=True)
@@ -176,51 +181,9 @@ class Policy(nn.Module):
             save_file(adapters, str(Path(path) / "adapter_model.safetensors"), metadata={"format": "pt"})
             model.peft_config[model.active_adapter].save_pretrained(str(path))
         else:
-            with _restored(self._config_dropout):  # the export carries the checkpoint's own dropout settings
+            with restored_dropout(self._config_dropout):  # the export carries the checkpoint's own dropout settings
                 model.save_pretrained(path, state_dict=plain_state_dict(self.model))
         self.tokenizer.save_pretrained(path)
-
-
-def disable_dropout(model: nn.Module) -> list[tuple[object, str, float]]:
-    """Dropout off in ``model``, in train mode too: every ``torch.nn.Dropout*`` module gets ``p = 0``, and every
-    float attribute whose name contains ``dropout``, ``pdrop`` or ``layerdrop`` becomes 0.0, on each submodule
-    (Llama's attention keeps ``attention_dropout`` as its own float) and on each model config and its sub-configs
-    (some attention implementations read ``config.attention_dropout`` in their forward). Returns the config
-    values it changed, ``(config, name, old value)``, so an export can write the checkpoint's own."""
-    from transformers import PretrainedConfig
-
-    changed: list[tuple[object, str, float]] = []
-
-    def zero(obj) -> None:
-        for key, value in list(vars(obj).items()):
-            if isinstance(value, float) and _DROPOUT_NAME.search(key):
-                if isinstance(obj, PretrainedConfig) and value != 0.0 and all(o is not obj or k != key
-                                                                               for o, k, _ in changed):
-                    changed.append((obj, key, value))
-                setattr(obj, key, 0.0)
-            elif isinstance(value, PretrainedConfig):
-                zero(value)
-
-    for m in model.modules():
-        if isinstance(m, nn.modules.dropout._DropoutNd):
-            m.p = 0.0
-        zero(m)  # also its config (a plain attribute of Hugging Face modules)
-    return changed
-
-
-_DROPOUT_NAME = re.compile("dropout|pdrop|layerdrop")
-
-
-@contextlib.contextmanager
-def _restored(values: list[tuple[object, str, float]]):
-    """Inside, each ``(config, name, value)`` is set back to ``value``; on exit, to 0.0 again."""
-    for obj, key, value in values:
-        setattr(obj, key, value)
-    try:
-        yield
-    finally:
-        for obj, key, _ in values:
-            setattr(obj, key, 0.0)
 
 
 def _first(inverse: torch.Tensor) -> torch.Tensor:

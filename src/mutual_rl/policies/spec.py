@@ -169,6 +169,11 @@ class PolicySpec:
     """Recompute activations in backward (Hugging Face gradient checkpointing, non-reentrant): less activation
     memory for one more forward per update; the shared-prompt forward (a KV cache) is turned off for this policy
     (same values and gradients)."""
+    compile: bool = False
+    """torch.compile this policy's training forwards (the update, old log-probs, regimes' peer forwards) with
+    dynamic shapes: a one-off compile (about a minute for a tiny preset on 2 CPU cores), then fused kernels
+    (measured 0.6x the update time of the tiny GPT-2 on CPU). Generation and evaluation stay eager. Needs a C++
+    compiler on CPU; not with FSDP."""
     prompt_template: str = "{problem}"
     """How a problem becomes this policy's prompt; {problem} is replaced by the problem text."""
     chat_template: bool = False

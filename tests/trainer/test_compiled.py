@@ -1,0 +1,78 @@
+"""PolicySpec.compile: the training forwards through torch.compile give the eager values, entropies and gradients
+(shared prompts, chunked head, LoRA), reuse the compiled code for new batch and response sizes, add nothing to the
+module tree, and fail clearly without a C++ compiler or under FSDP."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from mutual_rl.data.task import ArithmeticTask, Problem
+from mutual_rl.policies.batch import collate
+from mutual_rl.policies.compiled import training_model
+from mutual_rl.policies.policy import build_policy
+from mutual_rl.rollout.hf import HFRolloutEngine
+from tests.trainer.helpers import TASK, spec
+from tests.trainer.test_shared_prompts import PROBLEMS, logp_entropy_and_grads
+
+MORE = [Problem(4, "5+5=", "10", "add"), Problem(5, "70-13=", "57", "sub")]
+
+
+def _batch(policy, problems, max_new_tokens):
+    torch.manual_seed(0)
+    sampling = dataclasses.replace(policy.spec.sampling, max_new_tokens=max_new_tokens)
+    rows = [r for g in HFRolloutEngine().generate(policy, problems, sampling, step=0) for r in g]
+    return collate(rows, torch.zeros(len(rows)), policy.tokenizer.pad_token_id)
+
+
+# the shared-prompt forward is two compiled graphs; LoRA is tested on the plain forward (one) to keep CI short
+@pytest.mark.parametrize("name, lora, share", [("tiny:gpt2-bpe", False, True), ("tiny:gpt2-bpe", True, False)])
+def test_compiled_forward_matches_eager(name, lora, share):
+    policy = build_policy(dataclasses.replace(spec("p", name, lora=lora), compile=True), task=ArithmeticTask(**TASK))
+    policy.share_prompts = share
+    with torch.no_grad():
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:  # non-trivial adapters
+                p.normal_(0, 0.05)
+    names = [n for n, _ in policy.named_parameters()]
+    batches = [_batch(policy, PROBLEMS, 5), _batch(policy, PROBLEMS[:2] + MORE, 7)]  # other rows and widths
+    assert batches[0].input_ids.shape != batches[1].input_ids.shape
+    for b in batches:
+        policy.spec = dataclasses.replace(policy.spec, compile=False)
+        l0, e0, g0 = logp_entropy_and_grads(policy, b, 0.9)
+        policy.spec = dataclasses.replace(policy.spec, compile=True)
+        l1, e1, g1 = logp_entropy_and_grads(policy, b, 0.9)
+        torch.testing.assert_close(l1, l0, rtol=0, atol=1e-5)
+        torch.testing.assert_close(e1, e0, rtol=0, atol=1e-5)
+        assert g0.keys() == g1.keys() and g0
+        for n in g0:  # float rounding of reordered sums: ~5e-7 of a gradient's largest entry
+            scale = float(g0[n].abs().max())
+            torch.testing.assert_close(g1[n], g0[n], rtol=1e-4, atol=max(1e-6 * scale, 1e-7), msg=n)
+    compiled = training_model(policy, policy.model)
+    assert compiled is not policy.model and type(compiled).__name__ == "OptimizedModule"
+    assert training_model(policy, policy.model) is compiled  # built once
+    assert [n for n, _ in policy.named_parameters()] == names  # not a submodule: nothing added
+    assert not any("_orig_mod" in k for k in policy.state_dict())
+
+
+def test_compile_refused_without_a_compiler_or_under_fsdp(monkeypatch):
+    policy = build_policy(spec("p", "tiny:gpt2-bpe"), task=ArithmeticTask(**TASK))
+    assert training_model(policy, policy.model) is policy.model  # compile off: the model itself
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(ValueError, match="needs a C\\+\\+ compiler"):
+        build_policy(dataclasses.replace(spec("p", "tiny:gpt2-bpe"), compile=True), task=ArithmeticTask(**TASK))
+    monkeypatch.undo()
+
+    class FullyShardedDataParallel(nn.Module):  # stands in for torch's FSDP wrapper (matched by class name)
+        def __init__(self, inner):
+            super().__init__()
+            self.module = inner
+
+    policy.spec = dataclasses.replace(policy.spec, compile=True)
+    policy.model = FullyShardedDataParallel(policy.model)
+    with pytest.raises(ValueError, match="not supported under FSDP"):
+        training_model(policy, policy.model)
