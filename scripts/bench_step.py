@@ -64,8 +64,10 @@ What differs (inherent to each implementation, kept as is)
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 - Entropy: both compute per-token entropies for logging (TRL inside its fused LM head, always on in 1.16; ours
   ``with_entropy=True`` under ``no_grad``).
-- Ours keeps ``generate``'s processed scores (``output_scores=True``) for the sampled log-probs and computes
-  character offsets of every response (``incremental_offsets``: one ``decode`` per token); TRL does neither.
+- Ours records each sampled token's log-prob one decoding step at a time (``SampledLogProbs``) and computes the
+  character offsets of every response (``offsets_by_decoding``: one ``decode`` per token); TRL does neither.
+- ``--compile`` turns on ours' ``PolicySpec.compile`` (the training forward through ``torch.compile``) and
+  ``--trl-compile`` TRL's ``torch_compile=True``; either compiles during the warm-up pairs.
 - Ours skips the forward/backward of zero-advantage rows (all-pass / all-fail groups; no gradient change, see
   ``policies/update.py``); TRL runs every row. ``--no-skip-zero-adv`` turns the skip off for a like-for-like
   amount of fwd/bwd work; the skipped fraction is printed.

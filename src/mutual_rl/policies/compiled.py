@@ -34,7 +34,7 @@ def check_compiler() -> None:
 
 def training_model(policy, model: nn.Module) -> nn.Module:
     """``model`` itself, or its compiled forward when ``policy.spec.compile`` and ``model`` is the policy's own
-    trained model (not a KL reference). The compiled wrapper is built on first use and rebuilt if the policy's
+    trained model (the policy never passes its KL reference here). The compiled wrapper is built on first use and rebuilt if the policy's
     model object changes (e.g. wrapped by a strategy); it is kept outside the module tree, so it adds nothing to
     state dicts or ``parameters()``."""
     if not policy.spec.compile or model is not policy.model:

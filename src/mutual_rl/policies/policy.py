@@ -100,10 +100,12 @@ class Policy(nn.Module):
             head = plain_head(model) if self.chunked_head else None
             if head is not None:  # never full-vocabulary logits (policies/lm_head.py)
                 with hidden_states_out(model, head):
-                    hidden = self._response_logits(model, input_ids, attention_mask, response_width)  # [B, T, H]
+                    hidden = self._response_logits(model, input_ids, attention_mask, response_width,
+                                                     compiled=not reference)  # [B, T, H]
                 return token_logp_from_hidden(hidden, head.weight, head.bias, targets, temperature,
                                               with_entropy=with_entropy)
-            logits = self._response_logits(model, input_ids, attention_mask, response_width)  # [B, T, V]
+            logits = self._response_logits(model, input_ids, attention_mask, response_width,
+                                           compiled=not reference)  # [B, T, V]
         logits = logits.float() / temperature
         logz = torch.logsumexp(logits, dim=-1)  # [B, T]
         logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
@@ -126,10 +128,12 @@ class Policy(nn.Module):
         t = torch.tensor([ids], device=self.device)
         return self.response_logp(t, torch.ones_like(t), 1, temperature, reference=reference)[0]
 
-    def _response_logits(self, model, input_ids, attention_mask, width: int) -> torch.Tensor:
-        """Logits predicting the last ``width`` tokens: [B, width, V] (compiled when ``spec.compile``)."""
+    def _response_logits(self, model, input_ids, attention_mask, width: int, *, compiled: bool = True) -> torch.Tensor:
+        """Logits predicting the last ``width`` tokens: [B, width, V]; through the compiled model when ``compiled``
+        and ``spec.compile`` (never for the KL reference: under LoRA that is this model with its adapters off)."""
         recomputes = model.training and getattr(model, "is_gradient_checkpointing", False)
-        model = training_model(self, model)
+        if compiled:
+            model = training_model(self, model)
         pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         prompt_w = input_ids.shape[1] - width
         if self.share_prompts and not recomputes and prompt_w > 0 and input_ids.shape[0] > 1:
