@@ -80,6 +80,17 @@ def test_only_a_module_with_policies_can_be_sharded():
         MutualFSDPStrategy()._setup_model(nn.Linear(2, 2))
 
 
+def test_compiled_policies_are_refused_before_sharding():
+    import dataclasses
+
+    spec = dataclasses.replace(pair(lora=False)[0], compile=True)
+    holder = nn.Module()
+    holder.policies = nn.ModuleDict({spec.name: build_policy(spec)})
+    with pytest.raises(ValueError, match="compile: true is not supported under MutualFSDPStrategy"):
+        MutualFSDPStrategy()._setup_model(holder)
+    assert type(holder.policies[spec.name].model).__name__ != "FullyShardedDataParallel"  # nothing was wrapped
+
+
 def test_clip_and_full_params_without_distributed():
     lin = nn.Linear(3, 2)
     lin(torch.ones(1, 3)).sum().mul(100).backward()

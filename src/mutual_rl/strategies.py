@@ -147,10 +147,12 @@ class MutualFSDPStrategy(FSDPStrategy):
         """One policy optimizer's state; ``full``: whole (rank 0), keyed by parameter id as a plain optimizer's."""
         if self.state_dict_type != "full":
             return super().optimizer_state(optimizer)
+        from lightning.pytorch.core.optimizer import LightningOptimizer
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp import OptimStateKeyType
 
-        optimizer = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer's wrapped optimizer
+        if isinstance(optimizer, LightningOptimizer):
+            optimizer = optimizer.optimizer
         with self._full_state():
             state = FSDP.optim_state_dict(self.model, optimizer)
             if self.global_rank == 0:
@@ -161,7 +163,9 @@ class MutualFSDPStrategy(FSDPStrategy):
         """Load a checkpoint on every rank; a full one (a file) here, a sharded one (a folder) as Lightning does.
 
         A full checkpoint's parameters go into the shards of every rank, and when fitting each policy's optimizer
-        state is re-sharded for this rank (``FSDP.optim_state_dict_to_load``)."""
+        state is re-sharded for this rank (``FSDP.optim_state_dict_to_load``). The file is read whole on every rank
+        through the strategy's ``checkpoint_io`` (``weights_only`` as for a single-process resume), where
+        Lightning's own FSDP path maps it lazily: a node holds one copy per rank while loading."""
         path = Path(self.broadcast(checkpoint_path))
         if not path.is_file():
             return super().load_checkpoint(path, weights_only=weights_only)
@@ -171,7 +175,8 @@ class MutualFSDPStrategy(FSDPStrategy):
 
         checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
         module = self.lightning_module
-        self.model.load_state_dict(checkpoint.pop("state_dict"), strict=module.strict_loading)
+        with self._full_state(rank0_only=False):
+            self.model.load_state_dict(checkpoint.pop("state_dict"), strict=module.strict_loading)
         states = checkpoint.get("optimizer_states")
         if states is None or module.trainer.state.fn != TrainerFn.FITTING:
             return checkpoint
@@ -180,7 +185,8 @@ class MutualFSDPStrategy(FSDPStrategy):
                                f"{len(self.optimizers)} policies' optimizers: resume with the same policies.")
         with self._full_state(rank0_only=False):
             for optimizer, state in zip(self.optimizers, states):
-                if state["state"] and isinstance(next(iter(state["state"])), int):  # keyed by id: by name for FSDP
+                groups = state.get("param_groups") or [{}]
+                if groups[0].get("params") and isinstance(groups[0]["params"][0], int):  # by id: by name for FSDP
                     state = FSDP.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_NAME, self.model)
                 optimizer.load_state_dict(FSDP.optim_state_dict_to_load(self.model, optimizer, state))
         return checkpoint
@@ -212,6 +218,9 @@ class MutualFSDPStrategy(FSDPStrategy):
         for policy in policies.values():
             if isinstance(policy.model, FullyShardedDataParallel):
                 continue
+            if policy.spec.compile:
+                raise ValueError(f"policy {policy.name!r}: compile: true is not supported under MutualFSDPStrategy; "
+                                 "set compile: false for sharded policies.")
             policy.model = shard_model(policy.model, layers, self.root_device, cpu_offload=self.cpu_offload,
                                        mixed_precision=self.mixed_precision_config,
                                        sharding_strategy=self.sharding_strategy, **kwargs)

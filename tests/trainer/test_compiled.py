@@ -51,8 +51,10 @@ def test_compiled_forward_matches_eager(name, lora, share):
         for n in g0:  # float rounding of reordered sums: ~5e-7 of a gradient's largest entry
             scale = float(g0[n].abs().max())
             torch.testing.assert_close(g1[n], g0[n], rtol=1e-4, atol=max(1e-6 * scale, 1e-7), msg=n)
+    built = policy.__dict__.get("_compiled")  # built by the policy's own forward, not by this test
+    assert built is not None and built[0] is policy.model
     compiled = training_model(policy, policy.model)
-    assert compiled is not policy.model and type(compiled).__name__ == "OptimizedModule"
+    assert compiled is built[1] and type(compiled).__name__ == "OptimizedModule"
     assert training_model(policy, policy.model) is compiled  # built once
     assert [n for n, _ in policy.named_parameters()] == names  # not a submodule: nothing added
     assert not any("_orig_mod" in k for k in policy.state_dict())
@@ -76,3 +78,24 @@ def test_compile_refused_without_a_compiler_or_under_fsdp(monkeypatch):
     policy.model = FullyShardedDataParallel(policy.model)
     with pytest.raises(ValueError, match="not supported under FSDP"):
         training_model(policy, policy.model)
+
+
+def test_only_the_trained_models_forwards_are_routed(monkeypatch):
+    """The update's forward goes through training_model; the KL reference (under LoRA: the same model with its
+    adapters off) never does."""
+    policy = build_policy(dataclasses.replace(spec("p", "tiny:gpt2-bpe", lora=True), compile=True),
+                          task=ArithmeticTask(**TASK), needs_reference=True)
+    calls = []
+
+    def record(pol, model):
+        calls.append(model)
+        return model  # eager: only the routing is under test
+
+    monkeypatch.setattr("mutual_rl.policies.policy.training_model", record)
+    b = _batch(policy, PROBLEMS, 5)
+    policy.response_logp(b.input_ids, b.attention_mask, b.response_width, 1.0)
+    assert calls and all(m is policy.model for m in calls)
+    calls.clear()
+    with torch.no_grad():
+        policy.response_logp(b.input_ids, b.attention_mask, b.response_width, 1.0, reference=True)
+    assert calls == []
