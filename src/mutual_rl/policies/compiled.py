@@ -12,8 +12,8 @@ presets (more for larger models; a second graph for the shared-prompt forward, a
 gradient), then about 0.6x the eager update time on the 128-wide tiny GPT-2. Generation (``generate``), the KL
 reference and evaluation stay eager.
 
-Not with FSDP (``MutualFSDPStrategy``): FSDP's own hooks around each unit's forward do not trace; the first
-training forward of a sharded policy with ``compile: true`` is an error that says so.
+Not with FSDP: FSDP's own hooks around each unit's forward do not trace, so ``MutualFSDPStrategy`` refuses a
+policy with ``compile: true`` before it shards anything.
 """
 
 from __future__ import annotations
@@ -34,17 +34,14 @@ def check_compiler() -> None:
 
 def training_model(policy, model: nn.Module) -> nn.Module:
     """``model`` itself, or its compiled forward when ``policy.spec.compile`` and ``model`` is the policy's own
-    trained model (the policy never passes its KL reference here). The compiled wrapper is built on first use and rebuilt if the policy's
-    model object changes (e.g. wrapped by a strategy); it is kept outside the module tree, so it adds nothing to
-    state dicts or ``parameters()``."""
+    trained model (the policy never passes its KL reference here). The compiled wrapper is built on first use and
+    rebuilt if the policy's model object changes; it is kept outside the module tree, so it adds nothing to state
+    dicts or ``parameters()``."""
     if not policy.spec.compile or model is not policy.model:
         return model
     cached = policy.__dict__.get("_compiled")
     if cached is not None and cached[0] is model:
         return cached[1]
-    if type(model).__name__ == "FullyShardedDataParallel":
-        raise ValueError(f"policy {policy.name!r}: compile: true is not supported under FSDP "
-                         "(MutualFSDPStrategy); set compile: false for sharded policies.")
     import torch
 
     compiled = torch.compile(model, dynamic=True)

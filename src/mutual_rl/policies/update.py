@@ -124,12 +124,9 @@ def chunks(rows: list[int], size: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def recompute_old_logp(policy, batch: PolicyBatch, rows: list[int], temperature: float, micro: int,
-                       lockstep: bool = False) -> None:
+def recompute_old_logp(policy, batch: PolicyBatch, rows: list[int], temperature: float, micro: int) -> None:
     """Overwrite ``batch.old_logp`` of ``rows`` with the current policy's log-probs (before the update)."""
-    parts = chunks(rows, micro)
-    if lockstep:  # agree on the count *before* any forward: each forward is itself a collective
-        parts = padded(policy, parts)
+    parts = padded(policy, chunks(rows, micro))  # under FSDP: every rank runs the busiest rank's count of forwards
     for part in parts:
         if part is None:  # lockstep dummy
             policy.dummy_logp(temperature)
@@ -243,7 +240,7 @@ def update_policy(
         else torch.zeros(len(batch), dtype=torch.bool)
     need = batch.needs_old_logp | ((cfg.old_logp == "recompute") & ~batch.is_peer)
     recompute_old_logp(policy, batch, [i for i in range(len(batch)) if need[i] and not skip[i]], temperature,
-                       cfg.micro_batch_size, lockstep=lockstep)
+                       cfg.micro_batch_size)
     mini_batches = _mini_batches(plan, skip, cfg.micro_batch_size, lockstep, int(policy.spec.sampling.max_new_tokens))
     total = _MiniBatchResult()
     steps_metrics = {"grad_norm": 0.0, "loss": 0.0, "nll": 0.0}
