@@ -65,7 +65,10 @@ What differs (inherent to each implementation, kept as is)
 - Entropy: both compute per-token entropies for logging (TRL inside its fused LM head, always on in 1.16; ours
   ``with_entropy=True`` under ``no_grad``).
 - Ours records each sampled token's log-prob one decoding step at a time (``SampledLogProbs``) and computes the
-  character offsets of every response (``offsets_by_decoding``: one ``decode`` per token); TRL does neither.
+  character offsets of every response (``offsets_by_decoding``: from each token's bytes for this byte-level
+  tokenizer); TRL does neither.
+- Ours decodes with its one-query CPU attention (``rollout/decode_attention.py``: two ``bmm`` per layer and step);
+  TRL with transformers' ``sdpa``. ``--sdpa-decode`` gives ours ``sdpa`` too.
 - ``--compile`` turns on ours' ``PolicySpec.compile`` (the training forward through ``torch.compile``) and
   ``--trl-compile`` TRL's ``torch_compile=True``; either compiles during the warm-up pairs.
 - Ours skips the forward/backward of zero-advantage rows (all-pass / all-fail groups; no gradient change, see
@@ -122,6 +125,8 @@ def parse_args():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compile", action="store_true",
                     help="ours: PolicySpec.compile (torch.compile of the training forward; compiled in the warm-up)")
+    ap.add_argument("--sdpa-decode", action="store_true",
+                    help="ours: decode with transformers' sdpa attention (HFRolloutEngine.decode_attention off)")
     ap.add_argument("--trl-compile", action="store_true",
                     help="TRL: torch_compile=True (transformers compiles the trained model; compiled in the warm-up)")
     ap.add_argument("--profile", type=int, default=0, metavar="K",
@@ -280,6 +285,7 @@ def main():
     ours = OurStep(spec, model, tok, algo)
     if args.min_new_tokens:  # EOS suppressed on our side too (a benchmark-only engine setting)
         ours.module.engine.benchmark_min_new_tokens = args.min_new_tokens
+    ours.module.engine.decode_attention = not args.sdpa_decode
 
     problems = task.train_problems()
     total = args.warmup + args.pairs

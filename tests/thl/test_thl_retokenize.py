@@ -213,3 +213,44 @@ def test_decoding_offsets_equal_their_definition_on_sampled_ids(toks, name):
         decoded = tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         assert offsets_by_decoding(tok, ids, decoded) == _full_prefix_spans(tok, ids, decoded)
     assert checked >= 50
+
+
+def test_byte_level_spans_equal_their_definition(toks):
+    """The byte-arithmetic spans of a ByteLevel tokenizer (the fast path of offsets_by_decoding) equal the
+    definition: canonical texts with multi-byte characters split across tokens, and sampled ids whose bytes happen
+    to be valid UTF-8; ids decode treats apart, invalid bytes and U+FFFD in the text fall back to decoding."""
+    from mutual_rl.thl.offsets import _byte_level_spans
+
+    bpe = toks["bpe"]
+    assert type(bpe.backend_tokenizer.decoder).__name__ == "ByteLevel"
+    for name in toks:  # the other families are not byte-level: no fast path
+        if type(toks[name].backend_tokenizer.decoder).__name__ != "ByteLevel":
+            assert _byte_level_spans(toks[name], [1], toks[name].decode([1])) is None
+    split = 0
+    for text in ["x = 12 😀🦀 数学", "naïve café 7", "12 + 34 = 46", " leading space\n\ttab"]:
+        ids = bpe(text, add_special_tokens=False)["input_ids"]
+        decoded = bpe.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        fast = _byte_level_spans(bpe, ids, decoded)
+        assert fast is not None and fast == _full_prefix_spans(bpe, ids, decoded), text
+        split += sum(s == e for s, e in fast)
+    assert split > 0  # some token ended inside a character
+    g = torch.Generator().manual_seed(1)
+    fast_taken = 0
+    for _ in range(600):
+        ids = torch.randint(0, len(bpe), (int(torch.randint(1, 16, (1,), generator=g)),), generator=g).tolist()
+        text = bpe.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        fast = _byte_level_spans(bpe, ids, text)
+        if fast is not None:
+            fast_taken += 1
+            assert fast == _full_prefix_spans(bpe, ids, text), ids
+        elif "\ufffd" not in text and not set(ids) & set(bpe.all_special_ids):
+            raise AssertionError(f"valid ordinary ids fell back: {ids}")
+    assert fast_taken >= 50
+    ids = bpe("46", add_special_tokens=False)["input_ids"]
+    assert _byte_level_spans(bpe, ids + [bpe.eos_token_id], "46") is None  # a special id: decoded the slow way
+    assert offsets_by_decoding(bpe, ids + [bpe.eos_token_id], "46") == _full_prefix_spans(bpe, ids + [bpe.eos_token_id], "46")
+    emoji = bpe("😀", add_special_tokens=False)["input_ids"]
+    if len(emoji) > 1:  # its first byte token alone is invalid UTF-8 and decodes to U+FFFD
+        head = bpe.decode(emoji[:1], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        assert _byte_level_spans(bpe, emoji[:1], head) is None
+        assert offsets_by_decoding(bpe, emoji[:1], head) == _full_prefix_spans(bpe, emoji[:1], head)

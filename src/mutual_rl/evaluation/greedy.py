@@ -18,6 +18,7 @@ from transformers import GenerationConfig
 
 from mutual_rl.data.task import Problem
 from mutual_rl.policies.lockstep import in_lockstep, padded
+from mutual_rl.rollout.decode_attention import decode_attention
 from mutual_rl.rollout.hf import only_config
 from mutual_rl.strategies import generation_params
 
@@ -44,7 +45,7 @@ def greedy_generate(policy, problems: Sequence[Problem], max_new_tokens: int, ba
             for r, p in enumerate(chunk):  # left padding
                 ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
                 attn[r, width - len(p):] = 1
-            with generation_params(model) as gen_model, only_config(gen_model, cfg):
+            with generation_params(model) as gen_model, only_config(gen_model, cfg), decode_attention(gen_model):
                 seq = gen_model.generate(input_ids=ids.to(policy.device), attention_mask=attn.to(policy.device),
                                          generation_config=cfg, **({"synced_gpus": True} if synced else {}))
             seq = seq[:, width:].cpu()

@@ -37,6 +37,7 @@ from mutual_rl.data.task import Problem
 from mutual_rl.policies.lockstep import in_lockstep, padded
 from mutual_rl.policies.spec import SamplingSpec
 from mutual_rl.rollout.base import RolloutEngine
+from mutual_rl.rollout.decode_attention import decode_attention
 from mutual_rl.strategies import generation_params
 from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Rollout
@@ -51,6 +52,9 @@ class HFRolloutEngine(RolloutEngine):
         # not model it, so it is no training option
         self.benchmark_min_new_tokens = 0
         self._keep_scores = False  # True: the reference path (generate's output_scores, [B, T, V] kept; tests)
+        # CPU decoding steps attend with two bmm's instead of sdpa's kernel (rollout/decode_attention.py); False:
+        # transformers' sdpa throughout (the reference in tests and benchmarks)
+        self.decode_attention = True
 
     def place(self, name: str, placement: str | int) -> None:
         """Only ``"colocate"``: this engine generates with the training model itself, on the trainer's device."""
@@ -111,7 +115,8 @@ class HFRolloutEngine(RolloutEngine):
         extra = {"synced_gpus": True} if synced else {}
         if recorder:
             extra.update(logits_processor=LogitsProcessorList([recorder]), streamer=recorder)
-        with generation_params(policy.model) as model, only_config(model, cfg):
+        with generation_params(policy.model) as model, only_config(model, cfg), \
+                decode_attention(model, self.decode_attention):
             gen = model.generate(input_ids=ids.to(dev), attention_mask=attn.to(dev), generation_config=cfg, **extra)
         seq = gen.sequences[:, width:].cpu()  # [B, T]
         if recorder:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 Offsets = list[tuple[int, int]]
@@ -59,6 +60,9 @@ def offsets_by_decoding(tokenizer: Any, ids: list[int], text: str) -> Offsets:
     if dec(ids) != text:
         raise ValueError(f"tokenizer {tokenizer_name(tokenizer)} gives no character offsets and its decode "
                          f"does not reproduce the text exactly, so offsets cannot be recovered")
+    spans = _byte_level_spans(tokenizer, ids, text)
+    if spans is not None:
+        return spans
     backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
     if backend is not None:  # the Rust decoder directly (same text as ``decode`` without clean-up, ~10x faster;
         # ``decode_batch`` is slower still for short responses: it dispatches to a thread pool)
@@ -69,6 +73,69 @@ def offsets_by_decoding(tokenizer: Any, ids: list[int], text: str) -> Offsets:
     end = 0
     for prefix in prefixes:
         new_end = len(prefix) if len(prefix) >= end and text.startswith(prefix) else end
+        spans.append((end, new_end))
+        end = new_end
+    return spans
+
+
+_BYTE_PIECES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _byte_pieces(tokenizer: Any) -> tuple[list[bytes | None], frozenset[int]] | None:
+    """For a fast tokenizer whose decoder is exactly ``ByteLevel``: the bytes each vocabulary id decodes to
+    (``None`` for ids the byte table cannot spell) and the ids ``decode`` treats apart (added and special tokens);
+    ``None`` for every other tokenizer. Built once per tokenizer."""
+    if tokenizer in _BYTE_PIECES:
+        return _BYTE_PIECES[tokenizer]
+    out = None
+    backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+    if backend is not None and type(backend.decoder).__name__ == "ByteLevel":
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        to_byte = {c: b for b, c in bytes_to_unicode().items()}
+        apart = frozenset(backend.get_added_tokens_decoder()) | frozenset(tokenizer.all_special_ids)
+        pieces: list[bytes | None] = []
+        for i in range(backend.get_vocab_size(with_added_tokens=True)):
+            token = backend.id_to_token(i)
+            pieces.append(None if token is None or any(c not in to_byte for c in token)
+                          else bytes(to_byte[c] for c in token))
+        out = (pieces, apart)
+    _BYTE_PIECES[tokenizer] = out
+    return out
+
+
+def _byte_level_spans(tokenizer: Any, ids: list[int], text: str) -> Offsets | None:
+    """:func:`offsets_by_decoding`'s spans from byte arithmetic, without decoding any prefix *(ours)*.
+
+    Applies to a ``ByteLevel`` decoder (GPT-2, Llama 3, Qwen) when every id is an ordinary vocabulary token, their
+    bytes are valid UTF-8 and ``text`` is those bytes decoded with no U+FFFD in it; otherwise ``None`` (the
+    caller decodes every prefix). Under those conditions a prefix decodes to a prefix of ``text`` exactly when it
+    ends on a character boundary (then its length is the number of characters begun in it), and a prefix ending
+    inside a character decodes to a trailing U+FFFD that ``text`` does not have there, so the definition's spans
+    follow from where each token's bytes end.
+    """
+    table = _byte_pieces(tokenizer)
+    if table is None or "\ufffd" in text:
+        return None
+    pieces, apart = table
+    chunks = []
+    for i in ids:
+        piece = pieces[i] if 0 <= i < len(pieces) and i not in apart else None
+        if piece is None:
+            return None
+        chunks.append(piece)
+    data = b"".join(chunks)
+    try:
+        if data.decode("utf-8") != text:
+            return None
+    except UnicodeDecodeError:
+        return None
+    spans: Offsets = []
+    end = pos = chars = 0
+    for piece in chunks:
+        chars += sum(1 for b in piece if b & 0xC0 != 0x80)  # characters begun in this token's bytes
+        pos += len(piece)
+        new_end = chars if pos == len(data) or data[pos] & 0xC0 != 0x80 else end  # ends on a boundary
         spans.append((end, new_end))
         end = new_end
     return spans

@@ -1,0 +1,106 @@
+"""Attention for one-token queries on the CPU, used while ``generate`` decodes *(ours)*.
+
+Each decoding step of ``generate`` attends one new query token per row to the whole key/value cache. On the CPU,
+PyTorch's ``scaled_dot_product_attention`` kernel handles that shape poorly: at 140 cached positions it costs ~3x
+two batched matrix products over the same cache, and the cost of a decoding step grows with the cache length mostly
+through it (docs/calibration.md). Inside :func:`decode_attention`, a Hugging Face model whose attention
+implementation is ``"sdpa"`` runs its one-query attention as
+
+    ``softmax(q @ k^T * scale + mask) @ v``
+
+with two ``torch.bmm`` calls over the cache as it is (no copy of the keys and values, grouped-query heads without
+repeating them), which is the same formula ``sdpa`` computes. Everything else goes to transformers' own ``sdpa``
+function unchanged: prompts (several query tokens), training forwards (anything that needs a gradient), dropout,
+position biases, paged caches, accelerators, and dtypes other than float32 (where ``sdpa`` accumulates in a
+wider type than its inputs). The mask is built by transformers' ``sdpa`` mask function. The same tokens are sampled
+with the same log-probs as with ``sdpa`` up to float rounding (tested).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+NAME = "mutual_rl_decode"
+_registered = False
+
+
+def one_query_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                        **kwargs):
+    """transformers' attention-function signature; ``query`` ``[B, H, q, D]``, ``key``/``value`` ``[B, Hkv, L, D]``.
+
+    Returns ``([B, q, H, Dv], None)`` like ``sdpa_attention_forward``, to which every case but a float32 CPU
+    one-token query without gradient, dropout, position bias or paged cache is handed.
+    """
+    if not _applies(query, key, value, attention_mask, dropout, kwargs):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    b, h, _, d = query.shape
+    hkv, length, dv = key.shape[1], key.shape[2], value.shape[-1]
+    g = h // hkv  # query heads per key/value head: head i reads key/value head i // g (as repeat_kv lays them out)
+    # [B, Hkv, L, D] -> [B*Hkv, L, D] is a view also for a cache that is a slice of a longer buffer
+    scores = torch.bmm(query.reshape(b * hkv, g, d), key.reshape(b * hkv, length, d).transpose(1, 2))
+    scores.mul_(d ** -0.5 if scaling is None else scaling)
+    if attention_mask is not None:
+        scores4 = scores.view(b, hkv, g, length)
+        if attention_mask.dtype == torch.bool:  # [B or 1, 1, 1, L]
+            scores4.masked_fill_(~attention_mask, float("-inf"))
+        else:
+            scores4.add_(attention_mask)
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.bmm(probs, value.reshape(b * hkv, length, dv))  # [B*Hkv, G, Dv]
+    return out.view(b, 1, h, dv), None
+
+
+def _applies(query, key, value, attention_mask, dropout, kwargs) -> bool:
+    if query.shape[2] != 1 or query.device.type != "cpu" or query.dtype != torch.float32:
+        return False
+    if dropout or kwargs.get("position_bias") is not None or kwargs.get("cache") is not None:
+        return False
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        return False
+    if key.dtype != query.dtype or value.dtype != query.dtype or key.shape[-1] != query.shape[-1]:
+        return False
+    if query.shape[1] % key.shape[1] or key.shape[0] != query.shape[0]:
+        return False
+    if attention_mask is not None:
+        m = attention_mask
+        if m.dim() != 4 or m.shape[1] != 1 or m.shape[2] != 1 or m.shape[0] not in (1, query.shape[0]) \
+                or m.shape[3] != key.shape[2] or (m.dtype != torch.bool and m.dtype != query.dtype):
+            return False
+    return True
+
+
+def _register() -> None:
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, one_query_attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    _registered = True
+
+
+@contextmanager
+def decode_attention(model, enabled: bool = True):
+    """Inside, ``model`` (a Hugging Face model or a peft wrapper of one) attends with :func:`one_query_attention`
+    if its attention implementation is ``"sdpa"`` and it lives on the CPU; otherwise, or with ``enabled=False``,
+    nothing changes. The implementation is restored on exit."""
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(target, "config", None)
+    device = getattr(target, "device", None)
+    if not enabled or config is None or getattr(config, "_attn_implementation", None) != "sdpa" \
+            or device is None or torch.device(device).type != "cpu":
+        yield
+        return
+    _register()
+    config._attn_implementation = NAME
+    try:
+        yield
+    finally:
+        config._attn_implementation = "sdpa"
