@@ -55,6 +55,9 @@ class HFRolloutEngine(RolloutEngine):
         # CPU decoding steps attend with two bmm's instead of sdpa's kernel (rollout/decode_attention.py); False:
         # transformers' sdpa throughout (the reference in tests and benchmarks)
         self.decode_attention = True
+        # rows with the same prompt (a group's n samples) share one prefill of it (shared_prompt_cache); False: every
+        # row prefills its own prompt inside generate (the reference in tests)
+        self.share_prefill = True
 
     def place(self, name: str, placement: str | int) -> None:
         """Only ``"colocate"``: this engine generates with the training model itself, on the trainer's device."""
@@ -115,9 +118,14 @@ class HFRolloutEngine(RolloutEngine):
         extra = {"synced_gpus": True} if synced else {}
         if recorder:
             extra.update(logits_processor=LogitsProcessorList([recorder]), streamer=recorder)
+        ids, attn = ids.to(dev), attn.to(dev)
         with generation_params(policy.model) as model, only_config(model, cfg), \
                 decode_attention(model, self.decode_attention):
-            gen = model.generate(input_ids=ids.to(dev), attention_mask=attn.to(dev), generation_config=cfg, **extra)
+            if self.share_prefill and not synced:  # under lockstep every rank must run the same forwards: off
+                cache = shared_prompt_cache(model, ids, attn)
+                if cache is not None:
+                    extra["past_key_values"] = cache
+            gen = model.generate(input_ids=ids, attention_mask=attn, generation_config=cfg, **extra)
         seq = gen.sequences[:, width:].cpu()  # [B, T]
         if recorder:
             logp = recorder.logp(seq.shape[1])
@@ -190,6 +198,32 @@ class SampledLogProbs(LogitsProcessor):
         if len(self._steps) != steps:
             raise RuntimeError(f"generate produced {steps} tokens per row but {len(self._steps)} were streamed")
         return torch.stack(self._steps, dim=1).cpu()
+
+
+def shared_prompt_cache(model, ids: torch.Tensor, attn: torch.Tensor):
+    """The key/value cache of every row's prompt but its last token, computed once per distinct prompt *(ours)*.
+
+    ``ids``/``attn`` ``[B, W]`` (left-padded prompts). The distinct rows run one forward over their first ``W - 1``
+    tokens and the cache is gathered per row, so a group's ``n`` samples prefill their prompt once instead of
+    ``n`` times; ``generate`` then runs the last prompt token of every row on that cache and samples as before
+    (same tokens and log-probs up to float rounding, tested). ``None`` -- ``generate`` prefills every row itself --
+    when no two rows share a prompt, prompts are one token wide, or the model returns no cache that can be
+    gathered by rows.
+    """
+    if ids.shape[1] < 2 or ids.shape[0] < 2:
+        return None
+    uniq, inverse = torch.unique(torch.cat([ids, attn], dim=1), dim=0, return_inverse=True)
+    if len(uniq) == ids.shape[0]:
+        return None
+    width = ids.shape[1]
+    u_ids, u_attn = uniq[:, : width - 1], uniq[:, width : 2 * width - 1]
+    pos = (u_attn.long().cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=u_ids, attention_mask=u_attn, position_ids=pos, use_cache=True, logits_to_keep=1)
+    cache = getattr(out, "past_key_values", None)
+    if cache is None or not hasattr(cache, "batch_select_indices"):
+        return None
+    cache.batch_select_indices(inverse)
+    return cache
 
 
 @contextmanager
