@@ -1,9 +1,10 @@
 """Attention for one-token queries on the CPU, used while ``generate`` decodes *(ours)*.
 
-Each decoding step of ``generate`` attends one new query token per row to the whole key/value cache. On the CPU,
-PyTorch's ``scaled_dot_product_attention`` kernel handles that shape poorly: at 140 cached positions it costs ~3x
-two batched matrix products over the same cache, and the cost of a decoding step grows with the cache length mostly
-through it (docs/calibration.md). Inside :func:`decode_attention`, a Hugging Face model whose attention
+Each decoding step of ``generate`` attends one new query token per row to the whole key/value cache, and the
+step's cost grows with the cache (128 rows of the tiny GPT-2: ~8 ms at 6 cached positions, ~25 ms at 134). On the
+CPU, PyTorch's ``scaled_dot_product_attention`` kernel handles that shape poorly: for 128 rows x 4 heads at 70
+cached positions it takes 0.67 ms where two batched matrix products over the same cache take 0.36 ms, and 1.35 ms
+when the cache is a slice of a longer buffer (docs/calibration.md). Inside :func:`decode_attention`, a Hugging Face model whose attention
 implementation is ``"sdpa"`` runs its one-query attention as
 
     ``softmax(q @ k^T * scale + mask) @ v``

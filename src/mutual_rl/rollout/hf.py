@@ -12,6 +12,11 @@ trainer's log-probs do not have. The remaining unset fields take transformers' n
 token is read from the processed scores (temperature, top-k and top-p applied), i.e. the distribution the token was
 drawn from, one step at a time (:class:`SampledLogProbs`), so the scores of the whole response are never kept.
 
+Two exact shortcuts around ``generate`` (same tokens and log-probs, tested; each can be turned off on the engine):
+rows with the same prompt prefill it once (:func:`shared_prompt_cache`; ``share_prefill``), and on the CPU the
+one-token decoding steps attend with two ``bmm`` instead of ``sdpa``'s kernel (``rollout/decode_attention.py``;
+``decode_attention``).
+
 Under FSDP with several processes (each rank generating for its own prompts) every rank runs the same number of
 ``generate`` calls -- missing ones as one-prompt dummies whose output is discarded -- with ``synced_gpus=True``,
 so ranks whose sequences finish early keep taking part in the others' forwards (``mutual_rl.policies.lockstep``).
