@@ -75,23 +75,67 @@ def test_other_cases_go_to_sdpa_unchanged(case):
     assert torch.equal(ours, ref)
 
 
-def test_only_sdpa_models_on_the_cpu_switch_and_the_implementation_comes_back():
-    policy = build_policy(spec("p", "tiny:gpt2-bpe"), task=ArithmeticTask(**TASK))
-    config = policy.model.config
-    assert config._attn_implementation == "sdpa"
+def test_fully_masked_row_gives_zeros_as_sdpa():
+    query, key, value = _inputs(hkv=2)
+    mask = torch.ones(3, 1, 1, 7, dtype=torch.bool)
+    mask[1] = False  # e.g. a one-token prefill of a fully padded row
+    module = _module(4, 2)
+    ours = da.one_query_attention(module, query, key, value, mask)[0]
+    ref = sdpa_attention_forward(module, query, key, value, mask)[0]
+    assert torch.equal(ours[1], torch.zeros_like(ours[1])) and torch.isfinite(ours).all()
+    torch.testing.assert_close(ours, ref, rtol=0, atol=2e-6)
+
+
+def test_the_switch_is_the_registered_function_only_and_comes_back():
+    """Inside, transformers' "sdpa" function is ours, the model's configuration is untouched (still "sdpa"), and
+    the previous function is back after an error; models on another implementation, or enabled=False, get no
+    switch; a nested use keeps the outer one."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    policy = build_policy(spec("p", "tiny:gpt2-bpe", lora=True), task=ArithmeticTask(**TASK))
+    config = policy.model.get_base_model().config
+    before = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    assert before is not da.one_query_attention
     with pytest.raises(RuntimeError, match="inside"):
-        with da.decode_attention(policy.model):
-            assert config._attn_implementation == da.NAME
+        with da.decode_attention(policy.model):  # a peft wrapper
+            assert ALL_ATTENTION_FUNCTIONS["sdpa"] is da.one_query_attention
+            assert config._attn_implementation == "sdpa"
+            with da.decode_attention(policy.model):
+                assert ALL_ATTENTION_FUNCTIONS["sdpa"] is da.one_query_attention
+            assert ALL_ATTENTION_FUNCTIONS["sdpa"] is da.one_query_attention and da._delegate[-1] is before
             raise RuntimeError("inside")
-    assert config._attn_implementation == "sdpa"
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before and da._delegate == [sdpa_attention_forward]
     with da.decode_attention(policy.model, enabled=False):
-        assert config._attn_implementation == "sdpa"
+        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before
     config._attn_implementation = "eager"
     try:
         with da.decode_attention(policy.model):
-            assert config._attn_implementation == "eager"
+            assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before
     finally:
         config._attn_implementation = "sdpa"
+
+
+def test_models_that_branch_on_the_implementation_name_compute_the_same():
+    """Falcon checks ``_attn_implementation == "sdpa"`` and calls torch's kernel itself: inside the switch its
+    logits (prompt and one-token steps) are those outside, bit for bit."""
+    from transformers import FalconConfig, FalconForCausalLM
+
+    torch.manual_seed(0)
+    model = FalconForCausalLM(FalconConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                           alibi=False, new_decoder_architecture=False, attn_implementation="sdpa"))
+    model.eval()
+    ids = torch.tensor([[0, 5, 6, 7], [3, 4, 5, 6]])
+    attn = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    runs = []
+    for inside in (False, True):
+        with torch.no_grad(), da.decode_attention(model, enabled=inside):
+            torch.manual_seed(1)
+            out = model.generate(input_ids=ids, attention_mask=attn, do_sample=True, max_new_tokens=5, top_k=0,
+                                 output_scores=True, return_dict_in_generate=True, pad_token_id=0)
+        runs.append(out)
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    for a, b in zip(runs[0].scores, runs[1].scores):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("name, lora", [("tiny:gpt2-bpe", True), ("tiny:llama-char", False)])

@@ -59,3 +59,35 @@ def test_nothing_shared_means_no_cache():
     assert cache is not None and cache.get_seq_length() == 2
     k = cache.layers[0].keys
     assert k.shape[0] == 3 and torch.equal(k[0], k[1]) and not torch.equal(k[0], k[2])
+
+
+def test_two_token_prompts_with_a_fully_padded_row():
+    """The widest prompt is two tokens: the shared prefill is a one-token query in which a one-token prompt's row is
+    all padding; sampling still matches per-row prefill (and nothing turns NaN)."""
+    policy = build_policy(spec("p", "tiny:gpt2-bpe"), task=ArithmeticTask(**TASK))
+    engine = HFRolloutEngine()
+    sampling = SamplingSpec(n=2, max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=0)
+    runs = []
+    for share in (False, True):
+        engine.share_prefill = share
+        torch.manual_seed(3)
+        with torch.no_grad():
+            runs.append(engine._sample(policy, [[5], [5, 6], [5, 6]], sampling))
+    for (ids_a, lp_a), (ids_b, lp_b) in zip(*[zip(*r) for r in runs]):
+        assert torch.equal(ids_a, ids_b)
+        torch.testing.assert_close(lp_b, lp_a, rtol=0, atol=1e-5)
+
+
+def test_only_plain_key_value_caches_are_gathered():
+    """Linear-attention / hybrid cache layers keep states batch_select_indices does not gather: no sharing."""
+    from transformers import DynamicCache, Qwen3NextConfig
+
+    from mutual_rl.rollout.hf import _rows_gatherable
+
+    assert not _rows_gatherable(DynamicCache(config=Qwen3NextConfig(num_hidden_layers=4)))
+    assert not _rows_gatherable(None)
+    policy = build_policy(spec("p", "tiny:llama-char"), task=ArithmeticTask(**TASK))
+    ids = torch.tensor([[5, 6, 7], [5, 6, 7]])
+    with torch.no_grad():
+        cache = shared_prompt_cache(policy.model, ids, torch.ones_like(ids))
+    assert _rows_gatherable(cache) and cache.get_seq_length() == 2

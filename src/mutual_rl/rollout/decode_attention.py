@@ -4,17 +4,20 @@ Each decoding step of ``generate`` attends one new query token per row to the wh
 step's cost grows with the cache (128 rows of the tiny GPT-2: ~8 ms at 6 cached positions, ~25 ms at 134). On the
 CPU, PyTorch's ``scaled_dot_product_attention`` kernel handles that shape poorly: for 128 rows x 4 heads at 70
 cached positions it takes 0.67 ms where two batched matrix products over the same cache take 0.36 ms, and 1.35 ms
-when the cache is a slice of a longer buffer (docs/calibration.md). Inside :func:`decode_attention`, a Hugging Face model whose attention
-implementation is ``"sdpa"`` runs its one-query attention as
+when the cache is a slice of a longer buffer (docs/calibration.md). Inside :func:`decode_attention`, transformers'
+attention function registered as ``"sdpa"`` is :func:`one_query_attention`, which runs a one-token query as
 
     ``softmax(q @ k^T * scale + mask) @ v``
 
 with two ``torch.bmm`` calls over the cache as it is (no copy of the keys and values, grouped-query heads without
-repeating them), which is the same formula ``sdpa`` computes. Everything else goes to transformers' own ``sdpa``
-function unchanged: prompts (several query tokens), training forwards (anything that needs a gradient), dropout,
-position biases, paged caches, accelerators, and dtypes other than float32 (where ``sdpa`` accumulates in a
-wider type than its inputs). The mask is built by transformers' ``sdpa`` mask function. The same tokens are sampled
-with the same log-probs as with ``sdpa`` up to float rounding (tested).
+repeating them) -- the formula ``sdpa`` computes, a fully masked row giving zeros as ``sdpa``'s CPU kernel does --
+and hands everything else to transformers' own ``sdpa`` function unchanged: prompts (several query tokens),
+training forwards (anything that needs a gradient), dropout, position biases, paged caches, accelerators, and dtypes
+other than float32 (where ``sdpa`` accumulates in a wider type than its inputs). The model's configuration is not
+touched, so its attention implementation still reads ``"sdpa"`` (modeling code that branches on that name, mask
+creation and sub-models on other implementations behave as outside), and models that call
+``scaled_dot_product_attention`` themselves are unaffected. The same tokens are sampled with the same log-probs as
+with ``sdpa`` up to float rounding (tested).
 """
 
 from __future__ import annotations
@@ -22,22 +25,24 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-NAME = "mutual_rl_decode"
-_registered = False
+# what every case but the fast one goes to: the function registered as "sdpa" when the context was entered
+_delegate = [sdpa_attention_forward]
 
 
 def one_query_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                         **kwargs):
     """transformers' attention-function signature; ``query`` ``[B, H, q, D]``, ``key``/``value`` ``[B, Hkv, L, D]``.
 
-    Returns ``([B, q, H, Dv], None)`` like ``sdpa_attention_forward``, to which every case but a float32 CPU
-    one-token query without gradient, dropout, position bias or paged cache is handed.
+    Returns ``([B, q, H, Dv], None)`` like ``sdpa_attention_forward``, to which (or to whatever was registered as
+    ``"sdpa"`` before) every case but a float32 CPU one-token query without gradient, dropout, position bias or
+    paged cache is handed.
     """
     if not _applies(query, key, value, attention_mask, dropout, kwargs):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+        return _delegate[-1](module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     b, h, _, d = query.shape
     hkv, length, dv = key.shape[1], key.shape[2], value.shape[-1]
@@ -52,6 +57,8 @@ def one_query_attention(module, query, key, value, attention_mask, dropout=0.0, 
         else:
             scores4.add_(attention_mask)
     probs = torch.softmax(scores, dim=-1)
+    if attention_mask is not None:
+        probs.nan_to_num_(0.0)  # a fully masked row: zeros, as sdpa gives
     out = torch.bmm(probs, value.reshape(b * hkv, length, dv))  # [B*Hkv, G, Dv]
     return out.view(b, 1, h, dv), None
 
@@ -75,23 +82,12 @@ def _applies(query, key, value, attention_mask, dropout, kwargs) -> bool:
     return True
 
 
-def _register() -> None:
-    global _registered
-    if _registered:
-        return
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(NAME, one_query_attention)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
-    _registered = True
-
-
 @contextmanager
 def decode_attention(model, enabled: bool = True):
-    """Inside, ``model`` (a Hugging Face model or a peft wrapper of one) attends with :func:`one_query_attention`
-    if its attention implementation is ``"sdpa"`` and it lives on the CPU; otherwise, or with ``enabled=False``,
-    nothing changes. The implementation is restored on exit."""
+    """Inside, transformers' ``"sdpa"`` attention function is :func:`one_query_attention` if ``model`` (a Hugging
+    Face model or a peft / FSDP wrapper of one) attends with ``"sdpa"`` and lives on the CPU; otherwise, or with
+    ``enabled=False``, nothing changes. The registered function is restored on exit (also after an error); nested
+    uses restore in order."""
     target = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = getattr(target, "config", None)
     device = getattr(target, "device", None)
@@ -99,9 +95,14 @@ def decode_attention(model, enabled: bool = True):
             or device is None or torch.device(device).type != "cpu":
         yield
         return
-    _register()
-    config._attn_implementation = NAME
+    own = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    if own is one_query_attention:  # already inside
+        yield
+        return
+    _delegate.append(own)
+    AttentionInterface.register("sdpa", one_query_attention)
     try:
         yield
     finally:
-        config._attn_implementation = "sdpa"
+        AttentionInterface.register("sdpa", own)
+        _delegate.pop()

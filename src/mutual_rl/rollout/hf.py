@@ -12,7 +12,7 @@ trainer's log-probs do not have. The remaining unset fields take transformers' n
 token is read from the processed scores (temperature, top-k and top-p applied), i.e. the distribution the token was
 drawn from, one step at a time (:class:`SampledLogProbs`), so the scores of the whole response are never kept.
 
-Two exact shortcuts around ``generate`` (same tokens and log-probs, tested; each can be turned off on the engine):
+Two shortcuts around ``generate`` (the same tokens and log-probs up to float rounding, tested; each can be turned off on the engine):
 rows with the same prompt prefill it once (:func:`shared_prompt_cache`; ``share_prefill``), and on the CPU the
 one-token decoding steps attend with two ``bmm`` instead of ``sdpa``'s kernel (``rollout/decode_attention.py``;
 ``decode_attention``).
@@ -24,6 +24,7 @@ so ranks whose sequences finish early keep taking part in the others' forwards (
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -212,10 +213,15 @@ def shared_prompt_cache(model, ids: torch.Tensor, attn: torch.Tensor):
     tokens and the cache is gathered per row, so a group's ``n`` samples prefill their prompt once instead of
     ``n`` times; ``generate`` then runs the last prompt token of every row on that cache and samples as before
     (same tokens and log-probs up to float rounding, tested). ``None`` -- ``generate`` prefills every row itself --
-    when no two rows share a prompt, prompts are one token wide, or the model returns no cache that can be
-    gathered by rows.
+    when no two rows share a prompt, prompts are one token wide, the model's ``forward`` takes no ``position_ids`` or ``logits_to_keep``, or its cache has layers
+    other than plain (or sliding-window) key/value layers (linear-attention and hybrid layers keep states that are
+    not gathered by rows).
     """
     if ids.shape[1] < 2 or ids.shape[0] < 2:
+        return None
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(target.forward).parameters
+    if "position_ids" not in params or "logits_to_keep" not in params:
         return None
     uniq, inverse = torch.unique(torch.cat([ids, attn], dim=1), dim=0, return_inverse=True)
     if len(uniq) == ids.shape[0]:
@@ -225,10 +231,20 @@ def shared_prompt_cache(model, ids: torch.Tensor, attn: torch.Tensor):
     pos = (u_attn.long().cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=u_ids, attention_mask=u_attn, position_ids=pos, use_cache=True, logits_to_keep=1)
     cache = getattr(out, "past_key_values", None)
-    if cache is None or not hasattr(cache, "batch_select_indices"):
+    if not _rows_gatherable(cache):
         return None
     cache.batch_select_indices(inverse)
     return cache
+
+
+def _rows_gatherable(cache) -> bool:
+    """Whether ``cache.batch_select_indices`` gathers all of ``cache`` by rows: a cache of plain or sliding-window
+    key/value layers only (exactly those types)."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and hasattr(cache, "batch_select_indices") and \
+        all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
 
 
 @contextmanager
