@@ -9,12 +9,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import mutual_rl.rollout.decode_attention as da
 from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.policies.policy import build_policy
 from mutual_rl.policies.spec import SamplingSpec
-from mutual_rl.rollout.hf import HFRolloutEngine
+from tests.rollout.helpers import assert_same_rollouts, sampled
 from tests.trainer.helpers import TASK, spec
 from tests.trainer.test_shared_prompts import PROBLEMS
 
@@ -90,8 +91,6 @@ def test_the_switch_is_the_registered_function_only_and_comes_back():
     """Inside, transformers' "sdpa" function is ours, the model's configuration is untouched (still "sdpa"), and
     the previous function is back after an error; models on another implementation, or enabled=False, get no
     switch; a nested use keeps the outer one."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     policy = build_policy(spec("p", "tiny:gpt2-bpe", lora=True), task=ArithmeticTask(**TASK))
     config = policy.model.get_base_model().config
     before = ALL_ATTENTION_FUNCTIONS["sdpa"]
@@ -147,22 +146,15 @@ def test_rollouts_equal_sdpa_rollouts(name, lora, monkeypatch):
     hits = []
     applies = da._applies
     monkeypatch.setattr(da, "_applies", lambda *a: hits.append(applies(*a)) or hits[-1])
-    runs = []
-    for fast in (False, True):
-        engine = HFRolloutEngine()
-        engine.decode_attention = fast
-        torch.manual_seed(11)
-        runs.append([r for g in engine.generate(policy, PROBLEMS, sampling, step=0) for r in g])
-        if not fast:
-            assert not hits  # sdpa throughout: the function was never called
-    assert len({len(p.encode_prompt(x.problem)) for p in [policy] for x in PROBLEMS}) > 1
+    runs = [sampled(policy, sampling, 11, decode_attention=False)]
+    assert not hits  # sdpa throughout: the function was never called
+    runs.append(sampled(policy, sampling, 11))
+    assert len({len(policy.encode_prompt(policy.render_prompt(x.problem))) for x in PROBLEMS}) > 1
     assert len({len(r.response_ids) for r in runs[0]}) > 1
     layers = policy.model.config.num_hidden_layers
     steps = max(len(r.response_ids) for r in runs[1])
     # the shared prompt prefill (several query tokens) goes to sdpa; every one-token step (the prompt's last token,
     # then each sampled token but the last) takes the fast path
     assert hits.count(True) == layers * steps and hits.count(False) == layers
-    for a, b in zip(*runs):
-        assert torch.equal(a.response_ids, b.response_ids)
-        torch.testing.assert_close(b.logp, a.logp, rtol=0, atol=1e-5)
-    assert policy.model.config._attn_implementation == "sdpa"
+    assert_same_rollouts(*runs, atol=1e-5)
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa_attention_forward  # restored

@@ -10,9 +10,9 @@ import torch
 from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.policies.policy import build_policy
 from mutual_rl.policies.spec import SamplingSpec
-from mutual_rl.rollout.hf import HFRolloutEngine, SampledLogProbs
+from mutual_rl.rollout.hf import SampledLogProbs
+from tests.rollout.helpers import assert_same_rollouts, sampled
 from tests.trainer.helpers import TASK, spec
-from tests.trainer.test_shared_prompts import PROBLEMS
 
 
 @pytest.mark.parametrize("name, lora", [("tiny:gpt2-bpe", True), ("tiny:llama-char", False)])
@@ -20,16 +20,10 @@ from tests.trainer.test_shared_prompts import PROBLEMS
 def test_streamed_logprobs_equal_output_scores(name, lora, top_k, top_p, temperature):
     policy = build_policy(spec("p", name, lora=lora), task=ArithmeticTask(**TASK))
     sampling = SamplingSpec(n=4, max_new_tokens=8, temperature=temperature, top_p=top_p, top_k=top_k)
-    runs = []
-    for keep in (True, False):
-        engine = HFRolloutEngine()
-        engine._keep_scores = keep
-        torch.manual_seed(5)
-        runs.append([r for g in engine.generate(policy, PROBLEMS, sampling, step=0) for r in g])
+    runs = [sampled(policy, sampling, 5, _keep_scores=keep) for keep in (True, False)]
     assert len({len(r.response_ids) for r in runs[0]}) > 1
-    for a, b in zip(*runs):
-        assert torch.equal(a.response_ids, b.response_ids)
-        torch.testing.assert_close(b.logp, a.logp, rtol=0, atol=0)
+    assert_same_rollouts(*runs, atol=0)
+    for b in runs[1]:
         assert bool((b.logp <= 0).all()) and bool(torch.isfinite(b.logp).all())
 
 

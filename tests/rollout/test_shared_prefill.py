@@ -11,6 +11,7 @@ from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.policies.policy import build_policy
 from mutual_rl.policies.spec import SamplingSpec
 from mutual_rl.rollout.hf import HFRolloutEngine, shared_prompt_cache
+from tests.rollout.helpers import assert_same_rollouts, sampled
 from tests.trainer.helpers import TASK, spec
 from tests.trainer.test_shared_prompts import PROBLEMS
 
@@ -30,12 +31,9 @@ def test_shared_prefill_equals_per_row_prefill(name, lora, top_k, top_p):
     assert len(widths) > 1  # left padding in the batch
     runs, shapes = [], []
     for share in (False, True):
-        engine = HFRolloutEngine()
-        engine.share_prefill = share
         seen, hook = _embedding_batches(policy)
-        torch.manual_seed(7)
         try:
-            runs.append([r for g in engine.generate(policy, PROBLEMS, sampling, step=0) for r in g])
+            runs.append(sampled(policy, sampling, 7, share_prefill=share))
         finally:
             hook.remove()
         shapes.append(seen)
@@ -43,9 +41,7 @@ def test_shared_prefill_equals_per_row_prefill(name, lora, top_k, top_p):
     assert shapes[0][0] == (rows, width)  # generate's own prefill of every row
     assert shapes[1][0] == (len(PROBLEMS), width - 1) and shapes[1][1] == (rows, 1)  # distinct prompts, then last token
     assert len({len(r.response_ids) for r in runs[0]}) > 1
-    for a, b in zip(*runs):
-        assert torch.equal(a.response_ids, b.response_ids)
-        torch.testing.assert_close(b.logp, a.logp, rtol=0, atol=1e-5)
+    assert_same_rollouts(*runs, atol=1e-5)
 
 
 def test_nothing_shared_means_no_cache():

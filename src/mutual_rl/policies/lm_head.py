@@ -26,14 +26,15 @@ PLAIN_HEAD_MODEL_TYPES = frozenset({
 })
 
 
-def _base(model: nn.Module) -> nn.Module:
+def base_model(model: nn.Module) -> nn.Module:
+    """The Hugging Face model inside a peft wrapper, or ``model`` itself."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def plain_head(model: nn.Module) -> nn.Linear | None:
     """The output embedding of ``model`` (a Hugging Face causal LM or its peft wrapper) when the chunked path
     computes exactly the model's logits; else ``None``."""
-    base = _base(model)
+    base = base_model(model)
     config = getattr(base, "config", None)
     if getattr(config, "model_type", None) not in PLAIN_HEAD_MODEL_TYPES or is_sharded(model):
         return None
@@ -44,7 +45,7 @@ def plain_head(model: nn.Module) -> nn.Linear | None:
 @contextlib.contextmanager
 def hidden_states_out(model: nn.Module, head: nn.Linear):
     """Inside, ``model(...).logits`` are the final hidden states ``[..., H]`` (``head`` is put back on exit)."""
-    base = _base(model)
+    base = base_model(model)
     base.set_output_embeddings(nn.Identity())
     try:
         yield

@@ -29,6 +29,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from mutual_rl.policies.lm_head import base_model
+
 # what every case but the fast one goes to: the function registered as "sdpa" when the context was entered
 _delegate = [sdpa_attention_forward]
 
@@ -43,7 +45,7 @@ def one_query_attention(module, query, key, value, attention_mask, dropout=0.0, 
     """
     if not _applies(query, key, value, attention_mask, dropout, kwargs):
         return _delegate[-1](module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+                             is_causal=is_causal, **kwargs)
     b, h, _, d = query.shape
     hkv, length, dv = key.shape[1], key.shape[2], value.shape[-1]
     g = h // hkv  # query heads per key/value head: head i reads key/value head i // g (as repeat_kv lays them out)
@@ -88,7 +90,7 @@ def decode_attention(model, enabled: bool = True):
     Face model or a peft / FSDP wrapper of one) attends with ``"sdpa"`` and lives on the CPU; otherwise, or with
     ``enabled=False``, nothing changes. The registered function is restored on exit (also after an error); nested
     uses restore in order."""
-    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    target = base_model(model)
     config = getattr(target, "config", None)
     device = getattr(target, "device", None)
     if not enabled or config is None or getattr(config, "_attn_implementation", None) != "sdpa" \

@@ -12,10 +12,10 @@ trainer's log-probs do not have. The remaining unset fields take transformers' n
 token is read from the processed scores (temperature, top-k and top-p applied), i.e. the distribution the token was
 drawn from, one step at a time (:class:`SampledLogProbs`), so the scores of the whole response are never kept.
 
-Two shortcuts around ``generate`` (the same tokens and log-probs up to float rounding, tested; each can be turned off on the engine):
-rows with the same prompt prefill it once (:func:`shared_prompt_cache`; ``share_prefill``), and on the CPU the
-one-token decoding steps attend with two ``bmm`` instead of ``sdpa``'s kernel (``rollout/decode_attention.py``;
-``decode_attention``).
+Two shortcuts around ``generate`` (the same tokens and log-probs up to float rounding, tested; each can be turned
+off on the engine): rows with the same prompt prefill it once (:func:`shared_prompt_cache`; ``share_prefill``), and
+on the CPU the one-token decoding steps attend with two ``bmm`` instead of ``sdpa``'s kernel
+(``rollout/decode_attention.py``; ``decode_attention``).
 
 Under FSDP with several processes (each rank generating for its own prompts) every rank runs the same number of
 ``generate`` calls -- missing ones as one-prompt dummies whose output is discarded -- with ``synced_gpus=True``,
@@ -40,6 +40,7 @@ from transformers import (
 )
 
 from mutual_rl.data.task import Problem
+from mutual_rl.policies.lm_head import base_model
 from mutual_rl.policies.lockstep import in_lockstep, padded
 from mutual_rl.policies.spec import SamplingSpec
 from mutual_rl.rollout.base import RolloutEngine
@@ -213,13 +214,13 @@ def shared_prompt_cache(model, ids: torch.Tensor, attn: torch.Tensor):
     tokens and the cache is gathered per row, so a group's ``n`` samples prefill their prompt once instead of
     ``n`` times; ``generate`` then runs the last prompt token of every row on that cache and samples as before
     (same tokens and log-probs up to float rounding, tested). ``None`` -- ``generate`` prefills every row itself --
-    when no two rows share a prompt, prompts are one token wide, the model's ``forward`` takes no ``position_ids`` or ``logits_to_keep``, or its cache has layers
-    other than plain (or sliding-window) key/value layers (linear-attention and hybrid layers keep states that are
-    not gathered by rows).
+    when no two rows share a prompt, prompts are one token wide, the model's ``forward`` takes no ``position_ids``
+    or ``logits_to_keep``, or its cache has layers other than plain (or sliding-window) key/value layers
+    (linear-attention and hybrid layers keep states that are not gathered by rows).
     """
     if ids.shape[1] < 2 or ids.shape[0] < 2:
         return None
-    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    target = base_model(model)
     params = inspect.signature(target.forward).parameters
     if "position_ids" not in params or "logits_to_keep" not in params:
         return None
@@ -251,7 +252,7 @@ def _rows_gatherable(cache) -> bool:
 def only_config(model, config: GenerationConfig):
     """Inside, the Hugging Face model's own ``generation_config`` is ``config`` (restored on exit), so ``generate``
     fills no unset field from the checkpoint's; ``model`` may be a peft wrapper (its base model's is replaced)."""
-    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    target = base_model(model)
     own = target.generation_config
     target.generation_config = config
     try:
