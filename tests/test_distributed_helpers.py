@@ -1,4 +1,5 @@
-"""The multi-process helpers without a process group (one process): identities, and the rank split."""
+"""The multi-process helpers without a process group (one process): identities, the rank split, the compute
+device."""
 
 from __future__ import annotations
 
@@ -33,6 +34,25 @@ def test_destroy_process_group_ends_a_live_group_and_is_idempotent(tmp_path):
     D.destroy_process_group()
     assert not dist.is_initialized()
     D.destroy_process_group()
+
+
+def test_compute_device_is_the_fsdp_units_not_the_parameters(tmp_path):
+    """A policy's forwards compute on its FSDP unit's compute device, also when the parameters wait elsewhere
+    between forwards (cpu_offload: on the CPU while the unit computes on a GPU)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    lin = torch.nn.Linear(2, 2)
+    assert D.compute_device(lin) == torch.device("cpu")  # no FSDP: the parameters' device
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        unit = FullyShardedDataParallel(lin, device_id=torch.device("cpu"), use_orig_params=True)
+        assert D.compute_device(torch.nn.Sequential(unit)) == unit.compute_device == torch.device("cpu")
+        unit.compute_device = torch.device("cuda", 1)  # as with cpu_offload on GPU 1
+        assert D.compute_device(unit) == torch.device("cuda", 1) and next(unit.parameters()).device.type == "cpu"
+    finally:
+        D.destroy_process_group()
 
 
 def test_the_fsdp_strategy_destroys_its_group_at_exit(monkeypatch):

@@ -60,6 +60,17 @@ def is_sharded(module: nn.Module) -> bool:
     return any(isinstance(m, FullyShardedDataParallel) for m in module.modules())
 
 
+def compute_device(module: nn.Module) -> torch.device:
+    """The device ``module``'s forwards compute on: the ``compute_device`` of its outermost FSDP unit (with
+    ``cpu_offload`` the parameters wait on the CPU between forwards), else the device of its parameters."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    unit = next((m for m in module.modules() if isinstance(m, FullyShardedDataParallel)), None)
+    if unit is not None and unit.compute_device is not None:
+        return unit.compute_device
+    return next(module.parameters()).device
+
+
 def lockstep_needed(module: nn.Module) -> bool:
     """True when ``module`` (a policy's model) is FSDP-sharded across more than one process."""
     return is_distributed() and is_sharded(module)

@@ -116,6 +116,9 @@ class PolicyBatch:
     is the last ``T`` columns, so the logits of response tokens are the last ``T + 1`` positions (minus one)
     and a forward pass computes only those (``logits_to_keep``). Position ids come from the attention mask.
     Row ``i`` is one response; ``response_mask`` marks the response tokens that carry loss.
+
+    Regimes build it on the CPU, as the records it comes from; the update moves it to the policy's device once
+    (:meth:`to`).
     """
 
     input_ids: torch.Tensor  # [B, P + T] long
@@ -139,6 +142,22 @@ class PolicyBatch:
     @property
     def response_width(self) -> int:
         return self.response_mask.shape[1]
+
+    def to(self, device: torch.device | str) -> PolicyBatch:
+        """The same rows with every tensor field (``needs_old_logp`` and ``extras`` included) on ``device``: a new
+        batch (tensors already on ``device`` are shared, not copied)."""
+        return PolicyBatch(
+            input_ids=self.input_ids.to(device),
+            attention_mask=self.attention_mask.to(device),
+            response_mask=self.response_mask.to(device),
+            old_logp=self.old_logp.to(device),
+            advantages=self.advantages.to(device),
+            weights=self.weights.to(device),
+            is_peer=self.is_peer.to(device),
+            prompt_ids=list(self.prompt_ids),
+            needs_old_logp=self.needs_old_logp.to(device),
+            extras={k: v.to(device) for k, v in self.extras.items()},
+        )
 
     def select(self, rows: torch.Tensor | list[int]) -> PolicyBatch:
         """The sub-batch of the given rows (keeps identity)."""

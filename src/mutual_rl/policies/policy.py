@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from mutual_rl.algorithms.token_logp import token_logp_from_hidden
+from mutual_rl.distributed import compute_device
 from mutual_rl.policies.compiled import check_compiler, training_model
 from mutual_rl.policies.dropout import disable_dropout, restored_dropout
 from mutual_rl.policies.lm_head import hidden_states_out, plain_head
@@ -53,7 +54,9 @@ class Policy(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where this policy computes: its forwards' inputs are moved there, its log-probs come back there. The
+        parameters' device, or under FSDP the unit's compute device (``distributed.compute_device``)."""
+        return compute_device(self.model)
 
     def render_prompt(self, problem: str) -> str:
         return self.spec.render_prompt(problem)
@@ -79,8 +82,9 @@ class Policy(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropies) of the last ``response_width`` tokens of each row.
 
-        input_ids, attention_mask: [B, P + T]; returns logp [B, T] and entropy [B, T] (or None), under the
-        tempered distribution ``softmax(logits / temperature)`` the rollouts were sampled from.
+        input_ids, attention_mask: [B, P + T] on any device (moved to :attr:`device`); returns logp [B, T] and
+        entropy [B, T] (or None) on :attr:`device`, under the tempered distribution ``softmax(logits / temperature)``
+        the rollouts were sampled from.
 
         Rows that share a prompt (a GRPO group) share its forward pass: the distinct prompts run once, their
         key/value cache is gathered per row (differentiably), and only the response tokens run per row. This
@@ -94,6 +98,8 @@ class Policy(nn.Module):
         forward or the backward: on a 151k vocabulary that is most of an update's memory. Same values and gradients
         up to float rounding (tested); ``chunked_head = False`` on the policy builds full logits instead.
         """
+        device = self.device
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         ctx = self._reference_ctx() if reference else contextlib.nullcontext(self.model)
         targets = input_ids[:, -response_width:]
         with ctx as model:
@@ -192,8 +198,8 @@ class Policy(nn.Module):
 
 def _first(inverse: torch.Tensor) -> torch.Tensor:
     """For each distinct value of ``inverse`` (0..U-1), the index of its first occurrence."""
-    first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long)
-    return first.scatter_reduce(0, inverse, torch.arange(len(inverse)), reduce="amin")
+    first = torch.full((int(inverse.max()) + 1,), len(inverse), dtype=torch.long, device=inverse.device)
+    return first.scatter_reduce(0, inverse, torch.arange(len(inverse), device=inverse.device), reduce="amin")
 
 
 def _enable_gradient_checkpointing(spec: PolicySpec, model) -> None:

@@ -17,6 +17,7 @@ e.g. HACPO's sequence-level objective); the NLL term of mini-batch ``i`` is adde
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -125,7 +126,8 @@ def chunks(rows: list[int], size: int) -> list[list[int]]:
 
 @torch.no_grad()
 def recompute_old_logp(policy, batch: PolicyBatch, rows: list[int], temperature: float, micro: int) -> None:
-    """Overwrite ``batch.old_logp`` of ``rows`` with the current policy's log-probs (before the update)."""
+    """Overwrite ``batch.old_logp`` of ``rows`` with the current policy's log-probs (before the update); ``batch``
+    on the policy's device."""
     parts = padded(policy, chunks(rows, micro))  # under FSDP: every rank runs the busiest rank's count of forwards
     for part in parts:
         if part is None:  # lockstep dummy
@@ -138,8 +140,8 @@ def recompute_old_logp(policy, batch: PolicyBatch, rows: list[int], temperature:
 
 def nll_loss(policy, nll: NLLTerm, rows: list[int], temperature: float,
              num_rows: float | None = None) -> tuple[torch.Tensor, float]:
-    """``coef · sum_rows[token-mean NLL] / num_rows`` of ``rows`` of the NLL batch (``num_rows``: ``len(rows)``
-    in one process, the global row count under FSDP), and the unscaled local mean NLL."""
+    """``coef · sum_rows[token-mean NLL] / num_rows`` of ``rows`` of the NLL batch (on the policy's device;
+    ``num_rows``: ``len(rows)`` in one process, the global row count under FSDP), and the unscaled local mean NLL."""
     sub = nll.batch.select(rows)
     logp, _ = policy.response_logp(sub.input_ids, sub.attention_mask, nll.batch.response_width, temperature)
     per_seq = -(logp * sub.response_mask).sum(-1) / sub.response_mask.sum(-1).clamp(min=1)
@@ -177,10 +179,11 @@ def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: 
     """
     batch = plan.batch
     nll_mbs = plan.nll.mini_batches if plan.nll is not None else []
+    skipped = skip.tolist()  # one device read, not one per row
     out = []
     for i, rows in enumerate(plan.mini_batches):
         mask = batch.response_mask[rows] if rows else batch.response_mask[:0]
-        active = [j for j, r in enumerate(rows) if not skip[r]]  # positions in the mini-batch
+        active = [j for j, r in enumerate(rows) if not skipped[r]]  # positions in the mini-batch
         out.append(_MiniBatch(
             rows=list(rows), parts=chunks(active, micro), nll_rows=list(nll_mbs[i]) if i < len(nll_mbs) else [],
             token_count=mask.sum(), num_seqs=int((mask.sum(-1) > 0).sum()), max_len=max_len,
@@ -212,8 +215,10 @@ def update_policy(
     """Run the update of ``plan``; returns metrics (token-weighted means of per-token ones).
 
     ``backward``, ``step_optimizer`` and ``zero_grad`` come from the trainer (Lightning's manual optimization).
-    Old log-probs are recomputed for the receiver's own rows when ``cfg.old_logp == "recompute"`` and, always,
-    for rows the regime marks ``needs_old_logp`` (peer responses evaluated under the receiver's own old policy).
+    First the plan's batch and its NLL batch move to ``policy.device`` (regimes build them on the CPU, as the
+    records they come from). Old log-probs are recomputed for the receiver's own rows when
+    ``cfg.old_logp == "recompute"`` and, always, for rows the regime marks ``needs_old_logp`` (peer responses
+    evaluated under the receiver's own old policy).
     Other peer rows keep the old log-probs their regime set (a THL-aligned peer trace, or the receiver's
     log-probs the regime already computed): recomputing them would discard the trace or repeat the work.
 
@@ -228,6 +233,7 @@ def update_policy(
     Under FSDP with several processes the ranks run in lockstep with global normalisers (:func:`_mini_batches`),
     and agree on refusing a step.
     """
+    plan = _on_device(plan, policy.device)
     batch, objective = plan.batch, get_objective(plan.objective)
     takes_index = _accepts(objective, "update_index")
     temperature = policy.spec.sampling.temperature
@@ -237,10 +243,10 @@ def update_policy(
     if refused is not None:
         return refused
     skip = zero_advantage_skip_mask(batch.advantages, cfg.kl_coef) if cfg.skip_zero_advantage \
-        else torch.zeros(len(batch), dtype=torch.bool)
+        else torch.zeros_like(batch.advantages, dtype=torch.bool)
     need = batch.needs_old_logp | ((cfg.old_logp == "recompute") & ~batch.is_peer)
-    recompute_old_logp(policy, batch, [i for i in range(len(batch)) if need[i] and not skip[i]], temperature,
-                       cfg.micro_batch_size)
+    rows = [i for i, (n, s) in enumerate(zip(need.tolist(), skip.tolist())) if n and not s]  # one read of each mask
+    recompute_old_logp(policy, batch, rows, temperature, cfg.micro_batch_size)
     mini_batches = _mini_batches(plan, skip, cfg.micro_batch_size, lockstep, int(policy.spec.sampling.max_new_tokens))
     total = _MiniBatchResult()
     steps_metrics = {"grad_norm": 0.0, "loss": 0.0, "nll": 0.0}
@@ -277,6 +283,12 @@ def update_policy(
     if cfg.on_nonfinite == "skip":
         out["nonfinite_skipped"] = float(n_skipped)
     return out
+
+
+def _on_device(plan: TrainingPlan, device: torch.device) -> TrainingPlan:
+    """``plan`` with its batch and its NLL term's batch on ``device`` (regimes build them on the CPU)."""
+    nll = None if plan.nll is None else dataclasses.replace(plan.nll, batch=plan.nll.batch.to(device))
+    return dataclasses.replace(plan, batch=plan.batch.to(device), nll=nll)
 
 
 def _refuse_nonfinite_advantages(policy, plan: TrainingPlan, cfg: GRPOConfig, lockstep: bool) -> dict | None:

@@ -63,8 +63,8 @@ def receiver_prompt_ids(own_groups) -> dict[int, torch.Tensor]:
 
 @torch.no_grad()
 def receiver_logp(receiver, crossed: Sequence[CrossedRollout], batch_size: int = 16) -> list[torch.Tensor]:
-    """Per crossed row: the receiver's log-probs ``[T]`` of its response tokens (current weights, the receiver's
-    sampling temperature), in forwards of ``batch_size`` rows (0 = all at once).
+    """Per crossed row: the receiver's log-probs ``[T]`` of its response tokens, on the CPU as the records (current
+    weights, the receiver's sampling temperature), in forwards of ``batch_size`` rows (0 = all at once).
 
     Under FSDP with several ranks every rank runs as many forwards as the busiest one (dummies), so every rank
     must call this, with or without rows."""
@@ -77,15 +77,11 @@ def receiver_logp(receiver, crossed: Sequence[CrossedRollout], batch_size: int =
     if not crossed:
         return []
     batch = collate(list(crossed), torch.zeros(len(crossed)), receiver.tokenizer.pad_token_id)
-    device = getattr(receiver, "device", None)
     out: list[torch.Tensor] = []
     for start in starts:
         sub = batch.select(list(range(start, min(start + size, len(crossed)))))
-        ids, attn = sub.input_ids, sub.attention_mask
-        if device is not None:
-            ids, attn = ids.to(device), attn.to(device)
-        logp, _ = receiver.response_logp(ids, attn, batch.response_width, temperature)
-        logp = logp.detach().float().cpu()
+        logp, _ = receiver.response_logp(sub.input_ids, sub.attention_mask, batch.response_width, temperature)
+        logp = logp.detach().float().cpu()  # records live on the CPU
         for row, c in enumerate(crossed[start:start + size]):
             out.append(logp[row, : len(c.response_ids)].clone())
     return out
