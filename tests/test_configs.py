@@ -83,12 +83,14 @@ def test_config_runs_with_kl_lora_and_repeated_problems(path, tmp_path):
 @pytest.mark.parametrize("path", [c for c in CPU_CONFIGS + REAL_CONFIGS if c.name != "base.yaml"],
                          ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_overlay_alone_equals_base_plus_overlay(path, capsys):
-    """Each regime config is a small overlay of configs/base.yaml: alone, or composed after the base, it is the
-    same run; load_config (what scripts/compare_regimes.py reads) gives the same regime and policies."""
-    assert yaml.safe_load(path.read_text())["base"] == "base.yaml"
+    """Each regime config is a small overlay of its folder's base.yaml (directly, or through another overlay there,
+    as configs/real/sgt_vllm.yaml of sgt.yaml): alone, or composed after its base, it is the same run; load_config
+    (what scripts/compare_regimes.py reads) gives the same regime and policies."""
+    base = yaml.safe_load(path.read_text())["base"]
+    assert (path.parent / base).is_file() and "/" not in base
     assert len(path.read_text().splitlines()) <= 15  # an overlay, not a copy
     printed = []
-    for args in (["--config", str(path)], ["--config", str(path.parent / "base.yaml"), "--config", str(path)]):
+    for args in (["--config", str(path)], ["--config", str(path.parent / base), "--config", str(path)]):
         with pytest.raises(SystemExit):
             main(["fit", *args, "--print_config"])
         printed.append(yaml.safe_load(capsys.readouterr().out))

@@ -66,6 +66,19 @@ def test_sharded_update_equals_union_update(presets, tmp_path, mini, micro, nll,
     # 1.2e-7 token-mean, 1.3e-6 seq-mean-token-sum-norm, against changes of 3e-2 to 6e-2)
 
 
+def test_vllm_weight_stream_gathers_one_unit_at_a_time(presets, tmp_path):
+    """The stream a vLLM sync loads (rollout.vllm_sync.hf_weights) of sharded policies (gpt2 + LoRA, llama full)
+    equals the unsharded policies' weights exactly, with at most one FSDP unit gathered whenever it yields."""
+    out = tmp_path / "stream.json"
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+          str(HERE / "fsdp_stream_weights.py"), str(out)], timeout=300)
+    for name, r in json.loads(out.read_text()).items():
+        assert r["same_names"] and r["tensors"] > 30, (name, r)
+        assert r["max_diff"] == 0.0, (name, r)  # LoRA merged per unit as in one process
+        assert r["units"] == 5 and r["most_units_full_at_once"] == 1, (name, r)  # the root, then 4 decoder layers
+        assert r["max_local_numel_while_streaming"] < 0.7 * r["model_numel"], (name, r)  # never a whole-model gather
+
+
 def test_two_rank_fsdp_fit(presets, tmp_path):
     specs = pair()
     policies = [{"name": s.name, "model": s.model, "optimizer": {"lr": 1e-3},

@@ -1,23 +1,20 @@
-"""vLLM engine on CPU: imports without vllm, says how to install it, and its pure parts (records from fake vLLM
-outputs, weight names incl. merged LoRA, the sync probe) plus the engine's sync/probe logic against a fake
-in-process ``vllm`` backed by the HF model. The real engine runs in the GPU test (marked ``gpu``)."""
+"""vLLM engine, the parts that need no vLLM: it imports without vllm and says how to install it; records from
+vLLM-shaped outputs; the weight stream's names with merged LoRA; the differential probe's arithmetic. The engine
+itself runs against the real vLLM in tests/rollout/test_vllm_real.py (the vllm lane)."""
 
 from __future__ import annotations
 
 import importlib.util
-import sys
-import types
 from types import SimpleNamespace as NS
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from mutual_rl.data.task import ArithmeticTask, Problem
 from mutual_rl.policies.policy import build_policy
-from mutual_rl.policies.spec import SamplingSpec
 from mutual_rl.rollout import get_engine
 from mutual_rl.rollout import vllm as V
+from mutual_rl.rollout import vllm_sync as S
 from tests.trainer.helpers import TASK, spec
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -79,13 +76,26 @@ def test_records_reject_bad_outputs(policy):
         V.build_rollouts(policy, PROBLEMS[:1], p, ids, no_lp, step=0)
 
 
-def test_probe_comparison():
-    a = [torch.tensor([-1.0, -2.0]), torch.tensor([-0.5])]
-    assert V.compare_probe(a, [x + 1e-5 for x in a], 1e-4)["probe_max_dlogp"] == pytest.approx(1e-5, rel=1e-2)
-    with pytest.raises(V.WeightSyncError, match="TRL #5312"):
-        V.compare_probe(a, [x + 0.1 for x in a], 1e-2, policy="p")
-    with pytest.raises(V.WeightSyncError):
-        V.compare_probe(a, [torch.full_like(x, float("nan")) for x in a], 1.0)
+def test_probe_baseline_and_check():
+    trainer = [torch.tensor([-1.0, -2.0]), torch.tensor([-0.5])]
+    engine = [torch.tensor([-1.1, -2.0]), torch.tensor([-0.2])]  # gaps 0.1, 0, 0.3: mean 0.1333, max 0.3
+    base = S.ProbeBaseline.record(trainer, engine, policy="p")
+    assert base.mean == pytest.approx(0.4 / 3) and base.max == pytest.approx(0.3)
+    moved = [t - 0.05 for t in trainer]  # the trainer moved by 0.05 per token since the engine was built
+    synced = [e - 0.05 for e in engine]  # ... and the engine followed: the same gaps as at creation
+    m = base.check(moved, synced, 1e-3, policy="p")
+    assert m["probe_gap_mean"] == pytest.approx(0.4 / 3) and m["probe_moved_mean"] == pytest.approx(0.05)
+    assert m["probe_baseline_mean"] == base.mean and m["probe_gap_max"] == pytest.approx(0.3)
+    with pytest.raises(S.WeightSyncError, match="not sampling from the trained weights"):  # stale: gaps 0.05, 0.05, 0.35
+        base.check(moved, engine, 1e-3, policy="p")
+    assert base.check(moved, engine, 0.06, policy="p")["probe_gap_mean"] == pytest.approx(0.15)  # within margin
+    with pytest.raises(S.WeightSyncError):  # NaN fails
+        base.check(moved, [torch.full_like(x, float("nan")) for x in engine], 10.0)
+    with pytest.raises(S.WeightSyncError, match="did not load the trainer's weights"):
+        S.ProbeBaseline.record(trainer, [t + 6.0 for t in trainer])
+    with pytest.raises(ValueError, match="shapes differ"):
+        base.check(moved, [engine[0], torch.zeros(2)], 1.0)
+    assert S.default_margin(torch.float32) == 1e-4 and S.default_margin("bfloat16") == 2e-2
     plp = NS(prompt_logprobs=[None, {4: _lp(-3.0)}, {9: -0.25}])
     assert V.prompt_logprobs_tail(plp, [1, 4, 9], 1).tolist() == [-0.25]
 
@@ -93,133 +103,10 @@ def test_probe_comparison():
 def test_hf_weights_are_plain_names_and_merged_lora(policy):
     import copy
 
-    got = dict(V.hf_weights(policy))
+    got = dict(S.hf_weights(policy))
     m = policy.model
     ref = copy.deepcopy(m).merge_and_unload() if hasattr(m, "get_base_model") else m
     want = dict(ref.named_parameters())
     assert set(got) == set(want)
     for k, v in want.items():
         torch.testing.assert_close(got[k], v.detach(), rtol=0, atol=1e-6)
-
-
-# ------------------------------------------------------------------ the engine against a fake in-process vllm
-class _FakeLLM:
-    broken = False
-
-    def __init__(self, model, **kw):
-        self.kw, self.model = kw, AutoModelForCausalLM.from_pretrained(model).eval()
-        self.eos = self.model.generation_config.eos_token_id
-
-    def apply_model(self, fn):
-        return fn(self)
-
-    def load_weights(self, weights):
-        if not _FakeLLM.broken:
-            params = dict(self.model.named_parameters())
-            for n, t in weights:
-                params[n].data.copy_(t)
-
-    def reset_prefix_cache(self):
-        pass
-
-    @torch.no_grad()
-    def generate(self, prompts, params, use_tqdm=False):
-        outs = []
-        for p in prompts:
-            ids = list(p["prompt_token_ids"])
-            if params.prompt_logprobs is not None:
-                logp = torch.log_softmax(self.model(torch.tensor([ids])).logits[0, :-1].float(), -1)
-                outs.append(NS(prompt_logprobs=[None] + [{t: _lp(float(logp[i, t]))} for i, t in enumerate(ids[1:])]))
-                continue
-            comps = []
-            for _ in range(params.n):
-                seq, lps, reason = list(ids), [], "length"
-                for _ in range(params.max_tokens):
-                    lp = torch.log_softmax(self.model(torch.tensor([seq])).logits[0, -1].float() / params.temperature, -1)
-                    t = int(torch.multinomial(lp.exp(), 1))
-                    seq.append(t)
-                    lps.append({t: _lp(float(lp[t]))})
-                    if t == self.eos:
-                        reason = "stop"
-                        break
-                comps.append(NS(token_ids=seq[len(ids):], logprobs=lps, finish_reason=reason))
-            outs.append(NS(outputs=comps))
-        return outs
-
-
-class _Params(NS):
-    def __init__(self, **kw):
-        super().__init__(**{"n": 1, "prompt_logprobs": None, **kw})
-
-
-@pytest.fixture
-def fake_vllm(monkeypatch):
-    mod = types.ModuleType("vllm")
-    mod.LLM, mod.SamplingParams = _FakeLLM, _Params
-    monkeypatch.setitem(sys.modules, "vllm", mod)
-    _FakeLLM.broken = False
-    yield mod
-    _FakeLLM.broken = False
-
-
-def test_engine_generate_sync_and_probe(policy, fake_vllm):
-    torch.manual_seed(0)
-    engine = V.VLLMRolloutEngine(probe_tolerance=1e-4, per_policy={"p": {"gpu_memory_utilization": 0.2}})
-    groups = engine.generate(policy, PROBLEMS, SamplingSpec(n=3, max_new_tokens=4), step=0)
-    held = engine.llms["p"]
-    assert held.llm.kw["logprobs_mode"] == "processed_logprobs" and held.llm.kw["gpu_memory_utilization"] == 0.2
-    assert [len(g) for g in groups] == [3, 3]
-    for r in (r for g in groups for r in g):  # the engine's trace equals the trainer's tempered log-probs
-        ids = torch.cat([r.prompt_ids, r.response_ids]).unsqueeze(0)
-        want, _ = policy.response_logp(ids, torch.ones_like(ids), len(r.response_ids), 1.0)
-        torch.testing.assert_close(r.logp, want[0].detach(), rtol=0, atol=1e-4)
-    before = {k: v.detach().clone() for k, v in policy.model.named_parameters()}
-    try:
-        with torch.no_grad():
-            for prm in policy.model.parameters():
-                if prm.requires_grad:
-                    prm.add_(torch.randn_like(prm) * 0.05)
-        policy.version += 1
-        m = engine.sync_weights(policy)
-        assert m["probe_max_dlogp"] <= 1e-4 and m["sync_s"] >= 0 and held.version == policy.version
-        with torch.no_grad():
-            for prm in policy.model.parameters():
-                if prm.requires_grad:
-                    prm.add_(torch.randn_like(prm) * 0.05)
-        policy.version += 1
-        _FakeLLM.broken = True  # a sync that silently loads nothing
-        with pytest.raises(V.WeightSyncError, match="differ from the trainer"):
-            engine.sync_weights(policy)
-    finally:
-        with torch.no_grad():
-            for k, v in policy.model.named_parameters():
-                v.copy_(before[k])
-
-
-def test_placement_agrees_with_config_and_is_fixed_once_built(policy, fake_vllm):
-    engine = V.VLLMRolloutEngine(per_policy={"a": {"device": 0}})
-    engine.place("a", 0)
-    assert engine.placement == {"a": 0}
-    with pytest.raises(ValueError, match="per_policy.a.device is 0"):
-        engine.place("a", 1)
-    engine.place("p", "colocate")
-    engine.generate(policy, PROBLEMS[:1], SamplingSpec(n=1, max_new_tokens=2), step=0)
-    assert engine.llms["p"].device is None
-    engine.place("p", "colocate")  # unchanged: fine
-    with pytest.raises(ValueError, match="cannot change during a run"):
-        engine.place("p", 1)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not (torch.cuda.is_available() and HAS_VLLM), reason="needs a CUDA GPU and vllm")
-def test_real_vllm_sync_probe(policy):  # pragma: no cover - GPU only
-    policy.to(torch.device(torch.cuda.current_device()))
-    engine = V.VLLMRolloutEngine(gpu_memory_utilization=0.1, enforce_eager=True, dtype="float32")
-    groups = engine.generate(policy, PROBLEMS, SamplingSpec(n=4, max_new_tokens=6), step=0)
-    assert [len(g) for g in groups] == [4, 4]
-    with torch.no_grad():
-        for prm in policy.model.parameters():
-            if prm.requires_grad:
-                prm.add_(torch.randn_like(prm) * 0.01)
-    policy.version += 1
-    assert engine.sync_weights(policy)["probe_max_dlogp"] <= 1e-3

@@ -24,9 +24,10 @@ What is implemented (docs/methods.md §4):
   step). ``update_every = 0`` (never) is rejected: such a policy should be a stored peer (SEE replay).
 * Placement: ``"colocate"`` (default: the policy's rollouts run on the trainer's devices) or a non-negative
   device index (``int``) for an engine that serves the policy's rollouts on that device. The planner validates
-  it and carries it in every budget; the module hands it to the rollout engine's ``place`` each step (vLLM
-  builds the policy's engine on that device; the HF engine, which generates with the training weights, accepts
-  only ``"colocate"`` and says so at set-up). Nothing here names a device string.
+  it and carries it in every budget; the module hands it to the rollout engine's ``place`` each step. Both
+  built-in engines accept only ``"colocate"`` and say so at set-up: the HF engine generates with the training
+  weights, and an in-process vLLM engine is bound to its process's device. A device index is for an engine that
+  serves rollouts elsewhere (none ships yet). Nothing here names a device string.
 
 :func:`validate_budgets` rejects invalid plans with errors that name the policy and the fix.
 """

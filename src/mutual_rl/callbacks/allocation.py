@@ -3,7 +3,7 @@
 Hooks:
 
 * ``setup``: checks the configuration against the module's policies (unknown names, a policy that would never
-  update, placements -- including whether the rollout engine can honour them: ``hf`` only colocates -- a total
+  update, placements -- including whether the rollout engine can honour them: ``hf`` and ``vllm`` only colocate -- a total
   below ``N * n_min``) before any step runs.
 * ``on_train_batch_start``: plans this step with :func:`mutual_rl.allocation.plan_budgets` and sets
   ``pl_module.budgets = {name: Budget(n, max_new_tokens, update, placement)}``.
@@ -65,7 +65,8 @@ class ResourceAllocation(Callback):
             eps: adaptive: weight floor (> 0).
             ema_decay: adaptive: all-fail fraction EMA decay in [0, 1) (0 = the last step's fraction).
             update_every: per policy ``k >= 1``: it updates on steps ``s`` with ``s % k == 0`` (default 1).
-            placement: per policy ``"colocate"`` (default) or a device index serving its rollouts.
+            placement: per policy ``"colocate"`` (default) or a device index serving its rollouts (the built-in
+                engines accept only colocate; see ``allocation.plan``).
         """
         if mode not in MODES:
             raise ValueError(f"ResourceAllocation: mode {mode!r} is not one of: {', '.join(MODES)}.")

