@@ -97,7 +97,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--noise", type=float, default=1e-3, help="std of the weight change before the sync")
     ap.add_argument("--kv-bytes", type=int, default=256 * 2**20)
-    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()

@@ -53,7 +53,7 @@ from mutual_rl.step_metrics import (
 from mutual_rl.strategies import has_activation_checkpointing
 from mutual_rl.threads import check_num_threads, configure_threads
 from mutual_rl.types import PromptBatch, ScoredGroup
-from mutual_rl.warnings_filters import ignore_inapplicable_warnings
+from mutual_rl.warnings_filters import ignore_inapplicable_warnings, warn_on_true_half_precision
 
 
 class MutualRLModule(LightningModule):
@@ -421,9 +421,12 @@ class MutualRLModule(LightningModule):
         peer -- a second policy in ``model.policies`` or one replayed by the ``ExperienceExchange`` callback
         (stored-peer mode); else it is an error naming the regime. A fit that trains nothing (``max_steps=0``, e.g.
         to build the policies) is not checked. Also silences the Lightning warnings that do not apply here
-        (:mod:`mutual_rl.warnings_filters`) and sets torch's thread count (:mod:`mutual_rl.threads`)."""
+        (:mod:`mutual_rl.warnings_filters`), sets torch's thread count (:mod:`mutual_rl.threads`) and warns on a
+        half-precision ``trainer.precision`` without float32 master weights (:func:`warn_on_true_half_precision`)."""
         ignore_inapplicable_warnings()
         configure_threads(self.num_threads)
+        if stage == "fit":
+            warn_on_true_half_precision(str(getattr(self.trainer, "precision", "")))
         if stage != "fit" or len(self.specs) > 1 or self.trainer.max_steps == 0:
             return
         callbacks = getattr(self._trainer, "callbacks", []) if self._trainer is not None else []

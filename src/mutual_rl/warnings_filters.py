@@ -1,4 +1,5 @@
-"""Lightning warnings that do not apply to mutual-rl, silenced when a fit starts (never at import).
+"""Lightning warnings that do not apply to mutual-rl, silenced when a fit starts (never at import), and the one
+about ``trainer.precision`` that does (:func:`warn_on_true_half_precision`).
 
 * "resuming from a checkpoint that ended before the epoch ended": the data module resumes its prompt stream
   itself (``mark_consumed`` / ``state_dict``);
@@ -26,3 +27,19 @@ def ignore_inapplicable_warnings() -> None:
     """Add an ``ignore`` filter for each message of :data:`INAPPLICABLE_WARNINGS` (idempotent)."""
     for msg in INAPPLICABLE_WARNINGS:
         warnings.filterwarnings("ignore", message=msg)
+
+
+TRUE_HALF_PRECISIONS = ("bf16-true", "16-true", "bf16", "16", "half")
+
+
+def warn_on_true_half_precision(precision: str) -> None:
+    """Warn when ``trainer.precision`` keeps the policies' weights in bfloat16/float16 with no float32 master copy:
+    an optimizer step moves a weight only if it exceeds half its rounding step (2^-8 of the weight in bfloat16,
+    2^-11 in float16), so at RL learning rates (~1e-6) most updates round away."""
+    if precision in TRUE_HALF_PRECISIONS:
+        bits = 8 if "bf16" in precision else 11
+        warnings.warn(
+            f"trainer.precision={precision!r} trains the policies' weights in half precision with no float32 master "
+            f"copy: an update smaller than about 2^-{bits} of a weight rounds away (AdamW steps of ~lr, e.g. 1e-6, "
+            "on weights of ~1e-2 mostly do). Use precision: bf16-mixed (float32 weights, bf16 compute; with "
+            "MutualFSDPStrategy also mixed_precision: bf16).", UserWarning, stacklevel=2)
