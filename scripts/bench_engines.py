@@ -22,6 +22,9 @@ What it does, in order, and prints:
 4. **throughput**: ``--pairs`` interleaved pairs (alternating order) of ``engine.generate`` on the same problems
    with vLLM and with ``HFRolloutEngine``; tokens/s of each pair and the median ratio vLLM/HF.
 
+``--check`` (what ``scripts/gpu_check.sh`` uses) exits with an error unless the sampled log-probs match the
+trainer's (1e-3 nats in float32, 0.5 in half precision) and the stale engine was caught.
+
 The machine's speed drifts (docs/calibration.md): only the side-by-side ratio of one run compares.
 """
 
@@ -99,6 +102,9 @@ def main() -> None:
     ap.add_argument("--kv-bytes", type=int, default=256 * 2**20)
     ap.add_argument("--max-model-len", type=int, default=None, help="default: the model's context length")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--cuda-graphs", action="store_true", help="let vLLM capture CUDA graphs (default: eager)")
+    ap.add_argument("--check", action="store_true", help="fail unless the sampled log-probs match the trainer's "
+                    "(1e-3 nats in float32, 0.5 in half precision) and the stale engine was caught")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.threads:
@@ -113,7 +119,7 @@ def main() -> None:
                  "threads": torch.get_num_threads(), "params": sum(p.numel() for p in policy.model.parameters())}
     kv = args.kv_bytes if args.device == "cpu" else None
     engine = VLLMRolloutEngine(dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_memory_bytes=kv,
-                               enforce_eager=args.device == "cpu")
+                               enforce_eager=not args.cuda_graphs)
     t0 = time.perf_counter()
     held = engine.ensure(policy)
     out.update(build_s=time.perf_counter() - t0, baseline_mean=held.baseline.mean, baseline_max=held.baseline.max,
@@ -166,6 +172,16 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
+    if args.check:
+        from mutual_rl.rollout.vllm_sync import is_half, trainer_compute_dtype
+
+        limit = 0.5 if is_half(args.dtype, trainer_compute_dtype(policy), held.llm.llm_engine.vllm_config.model_config.dtype) \
+            else 1e-3
+        problems = [f"sampled log-prob gap {out['sampled_gap_max']:.3g} > {limit:g}"] * (out["sampled_gap_max"] > limit)
+        problems += ["the stale engine was not caught"] * (not out["stale_caught"])
+        if problems:
+            raise SystemExit(f"CHECK FAILED: {'; '.join(problems)}")
+        print("CHECK: ok")
 
 
 if __name__ == "__main__":

@@ -76,26 +76,60 @@ def test_records_reject_bad_outputs(policy):
         V.build_rollouts(policy, PROBLEMS[:1], p, ids, no_lp, step=0)
 
 
-def test_probe_baseline_and_check():
-    trainer = [torch.tensor([-1.0, -2.0]), torch.tensor([-0.5])]
-    engine = [torch.tensor([-1.1, -2.0]), torch.tensor([-0.2])]  # gaps 0.1, 0, 0.3: mean 0.1333, max 0.3
-    base = S.ProbeBaseline.record(trainer, engine, policy="p")
+def _rows(*values):
+    return [torch.tensor(values[:2]), torch.tensor(values[2:])]
+
+
+def test_probe_baseline_and_gap_check():
+    trainer, engine = _rows(-1.0, -2.0, -0.5), _rows(-1.1, -2.0, -0.2)  # gaps 0.1, 0, 0.3
+    base = S.ProbeBaseline.record(trainer, engine, policy="p", limit=5.0)
     assert base.mean == pytest.approx(0.4 / 3) and base.max == pytest.approx(0.3)
-    moved = [t - 0.05 for t in trainer]  # the trainer moved by 0.05 per token since the engine was built
-    synced = [e - 0.05 for e in engine]  # ... and the engine followed: the same gaps as at creation
+    assert base.sigma == pytest.approx((0.1 / 3) ** 0.5)  # root mean square of the differences
+    moved, synced = _rows(-2.0, -3.0, -1.5), _rows(-2.1, -3.0, -1.2)  # both moved by -1 per token
     m = base.check(moved, synced, 1e-3, policy="p")
-    assert m["probe_gap_mean"] == pytest.approx(0.4 / 3) and m["probe_moved_mean"] == pytest.approx(0.05)
-    assert m["probe_baseline_mean"] == base.mean and m["probe_gap_max"] == pytest.approx(0.3)
-    with pytest.raises(S.WeightSyncError, match="not sampling from the trained weights"):  # stale: gaps 0.05, 0.05, 0.35
-        base.check(moved, engine, 1e-3, policy="p")
-    assert base.check(moved, engine, 0.06, policy="p")["probe_gap_mean"] == pytest.approx(0.15)  # within margin
+    assert m["probe_gap_mean"] == pytest.approx(0.4 / 3) and m["probe_moved_mean"] == pytest.approx(1.0)
+    assert m["probe_followed"] == pytest.approx(1.0) and m["probe_change_rms"] == pytest.approx(1.0)
+    stale = _rows(-1.1, -2.0, -0.2)
+    base2 = S.ProbeBaseline.record(trainer, engine, limit=5.0)
+    with pytest.raises(S.WeightSyncError, match="not sampling from the trained weights"):  # gaps 0.9, 1.0, 1.3
+        base2.check(moved, stale, 1e-3, policy="p")
     with pytest.raises(S.WeightSyncError):  # NaN fails
-        base.check(moved, [torch.full_like(x, float("nan")) for x in engine], 10.0)
+        base2.check(moved, [torch.full_like(x, float("nan")) for x in engine], 10.0)
     with pytest.raises(S.WeightSyncError, match="did not load the trainer's weights"):
-        S.ProbeBaseline.record(trainer, [t + 6.0 for t in trainer])
+        S.ProbeBaseline.record(trainer, [t + 6.0 for t in trainer], limit=5.0)
+    with pytest.raises(S.WeightSyncError, match=r"above 0.01"):  # the float32 limit (S.baseline_limit(False))
+        S.ProbeBaseline.record(trainer, engine, limit=S.baseline_limit(False))
+    assert S.baseline_limit(True) == 0.5
     with pytest.raises(ValueError, match="shapes differ"):
-        base.check(moved, [engine[0], torch.zeros(2)], 1.0)
-    assert S.default_margin(torch.float32) == 1e-4 and S.default_margin("bfloat16") == 2e-2
+        base2.check(moved, [engine[0], torch.zeros(2)], 1.0)
+    assert S.default_margin(False) == 1e-4 and S.default_margin(True) == 2e-2
+    assert S.default_margin(True, 0.043) == 0.043  # half precision: at least the gap at creation
+    assert S.is_half(torch.float32, "bfloat16") and not S.is_half("float32", torch.float32)
+
+
+def test_probe_followed_check():
+    trainer, engine = _rows(-1.0, -2.0, -0.5), _rows(-1.1, -2.0, -0.2)  # sigma 0.183: checked from 0.365 per token
+    moved = _rows(-2.0, -3.0, -1.5)
+    base = S.ProbeBaseline.record(trainer, engine, limit=5.0)
+    with pytest.raises(S.WeightSyncError, match="moved 0% as far"):  # stale; the gap check passes at margin 2
+        base.check(moved, engine, 2.0, policy="p")
+    half = _rows(-1.5, -2.4, -0.6)  # the engine moved 0.4 per token where the trainer moved 1
+    with pytest.raises(S.WeightSyncError, match="moved 40% as far"):
+        base.check(moved, half, 2.0, policy="p")
+    wrong = _rows(-0.1, -1.0, 0.8)  # as far, the other way
+    with pytest.raises(S.WeightSyncError, match="cosine -1.00"):
+        base.check(moved, wrong, 2.0, policy="p")
+    nudged = _rows(-1.2, -2.2, -0.7)  # 0.2 per token, below 0.365: not checked, and the reference stays put ...
+    m = base.check(nudged, engine, 2.0, policy="p")
+    assert m["probe_followed"] != m["probe_followed"] and m["probe_change_rms"] == pytest.approx(0.2)
+    with pytest.raises(S.WeightSyncError, match="moved 0% as far"):  # ... so a stale engine is caught once the
+        base.check(_rows(-1.4, -2.4, -0.9), engine, 2.0, policy="p")  # changes add up to 0.4 per token
+    synced = _rows(-1.5, -2.4, -0.6)  # the engine followed the 0.4 (measured from creation)
+    m = base.check(_rows(-1.4, -2.4, -0.9), synced, 2.0)
+    assert m["probe_followed"] == pytest.approx(1.0) and m["probe_aligned"] == pytest.approx(1.0)
+
+
+def test_prompt_logprobs_tail():
     plp = NS(prompt_logprobs=[None, {4: _lp(-3.0)}, {9: -0.25}])
     assert V.prompt_logprobs_tail(plp, [1, 4, 9], 1).tolist() == [-0.25]
 

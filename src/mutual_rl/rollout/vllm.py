@@ -56,11 +56,14 @@ from mutual_rl.rollout.base import RolloutEngine
 from mutual_rl.rollout.vllm_sync import (
     ProbeBaseline,
     WeightSyncError,
+    baseline_limit,
     default_margin,
     hf_weights,
+    is_half,
     plain_model,
     probe_pairs,
     push_weights,
+    trainer_compute_dtype,
     trainer_probe_logp,
 )
 from mutual_rl.thl.offsets import offsets_by_decoding
@@ -151,7 +154,8 @@ def prompt_logprobs_tail(request_output, token_ids: Sequence[int], width: int) -
 def preserved_process_state():
     """Puts back what building an in-process vLLM engine changes in the process: the torch (CPU and every CUDA
     device), Python and NumPy random generator states (vLLM seeds them all), ``torch.set_num_threads`` (the CPU
-    backend replaces it with a no-op) and torch's thread count."""
+    backend replaces it with a no-op), torch's thread count, the float32 matmul precision and the current CUDA
+    device."""
     cpu, py = torch.get_rng_state(), random.getstate()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     try:
@@ -161,12 +165,17 @@ def preserved_process_state():
     except ImportError:  # pragma: no cover - numpy comes with torch and vLLM
         np, np_state = None, None
     set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    matmul = torch.get_float32_matmul_precision()  # vLLM's workers set "highest"
+    device = torch.cuda.current_device() if torch.cuda.is_available() else None  # and their own current device
     try:
         yield
     finally:
         torch.set_num_threads = set_threads
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
+        torch.set_float32_matmul_precision(matmul)
+        if device is not None:
+            torch.cuda.set_device(device)
         torch.set_rng_state(cpu)
         random.setstate(py)
         if cuda is not None:
@@ -176,12 +185,12 @@ def preserved_process_state():
 
 
 def cpu_kv_cache_bytes(utilization: float, weight_bytes: int, *, policy: str = "?") -> int:
-    """The key/value cache of a CPU engine: ``utilization`` of the node's RAM minus the policy's weights."""
-    total = None
+    """The key/value cache of a CPU engine: ``utilization`` of the RAM of the NUMA node vLLM binds it to (the node
+    of the first CPU this process may use) minus the policy's weights."""
     try:
-        from vllm.utils.cpu_resource_utils import get_memory_node_info
+        from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
 
-        total = get_memory_node_info(0).total_memory
+        total = get_memory_node_info(max(get_allowed_cpu_list()[0].numa_node, 0)).total_memory
     except Exception:  # another vLLM layout: the machine's RAM
         import psutil
 
@@ -189,27 +198,45 @@ def cpu_kv_cache_bytes(utilization: float, weight_bytes: int, *, policy: str = "
     kv = int(utilization * total) - int(weight_bytes)
     if kv < 16 * 2**20:
         raise ValueError(
-            f"policy {policy!r}: gpu_memory_utilization={utilization:g} of this machine's {total / 2**30:.1f} GiB (on "
+            f"policy {policy!r}: gpu_memory_utilization={utilization:g} of this NUMA node's {total / 2**30:.1f} GiB (on "
             f"vLLM's CPU backend it is the fraction of RAM an engine may use) leaves {kv / 2**20:.0f} MiB for the "
             f"key/value cache after the policy's {weight_bytes / 2**20:.0f} MiB of weights. Raise "
             "gpu_memory_utilization, or set kv_cache_memory_bytes (e.g. 268435456).")
     return kv
 
 
-def _distributed_args(seed: int) -> dict:
-    """Several processes: ``external_launcher`` engines bound to this rank's device, seeded per rank (TRL's
-    colocated mode); the launcher variables vLLM reads are filled from the process group where missing."""
+@contextlib.contextmanager
+def engine_placement(policy, seed: int):
+    """Where and how the engine for ``policy`` is built; yields vLLM's keyword arguments for it.
+
+    One process: the engine lands on the first visible device (vLLM binds a single-process engine to device 0),
+    so a policy on another CUDA device is refused. Several processes: ``external_launcher`` engines, as TRL's
+    colocated mode builds them, seeded ``seed + rank``; vLLM reads the rank and its device from ``RANK``,
+    ``LOCAL_RANK`` and ``WORLD_SIZE``, which are set for the build from the process group and the policy's device
+    (a Lightning run on ``devices: [2, 3]`` has ``LOCAL_RANK`` 0 on cuda:2) and put back afterwards."""
     from mutual_rl.distributed import is_distributed, rank_and_world
 
+    device = policy.device
     if not is_distributed():
-        return {"seed": seed}
+        if device.type == "cuda" and (device.index or 0) != 0:
+            raise ValueError(f"policy {policy.name!r} is on {device}, but an in-process vLLM engine in a single process "
+                             "runs on the first visible GPU; make the trainer's GPU the first one (CUDA_VISIBLE_DEVICES) "
+                             "or use rollout_engine: hf.")
+        yield {"seed": seed}
+        return
     rank, world = rank_and_world()
-    local = os.environ.get("LOCAL_RANK")
-    if local is None:
-        local = str(torch.cuda.current_device()) if torch.cuda.is_available() else "0"
-    for key, value in (("RANK", str(rank)), ("WORLD_SIZE", str(world)), ("LOCAL_RANK", local)):
-        os.environ.setdefault(key, value)
-    return {"seed": seed + rank, "distributed_executor_backend": "external_launcher"}
+    local = str(device.index or 0) if device.type == "cuda" else os.environ.get("LOCAL_RANK", "0")
+    wanted = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": local}
+    before = {k: os.environ.get(k) for k in wanted}
+    os.environ.update(wanted)
+    try:
+        yield {"seed": seed + rank, "distributed_executor_backend": "external_launcher"}
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 # ----------------------------------------------------------------------------------------------- engine
@@ -252,13 +279,14 @@ class VLLMRolloutEngine(RolloutEngine):
             enforce_eager: disable CUDA graphs and compilation (faster start-up for tiny models).
             seed: engine seed (+ the rank under several processes); sampling draws from the process's generator.
             probe_margin: allowed growth of the probe's mean gap over the gap recorded when the engine was built
-                (default 1e-4 for float32 engines, 2e-2 for bfloat16/float16).
+                (default 1e-4 when engine and trainer compute in float32, max(2e-2, that gap) when either computes
+                in bfloat16/float16).
             probe_every: run the probe after every k-th sync (0 = never; not recommended).
             per_policy: per-policy overrides of the keys above, e.g. {qwen: {max_model_len: 4096}}.
             llm_kwargs: extra vllm.LLM keyword arguments (tensor_parallel_size > 1 is refused).
         """
         import_vllm()
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine core: direct loads
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine core: direct loads (checked)
         self.defaults = dict(gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
                              enable_sleep_mode=enable_sleep_mode, dtype=dtype, max_model_len=max_model_len,
                              enforce_eager=enforce_eager, seed=seed)
@@ -295,8 +323,15 @@ class VLLMRolloutEngine(RolloutEngine):
         self._wake(held)
         return held
 
+    def _dtypes_half(self, policy) -> bool:
+        """Whether the engine or the trainer computes in 16-bit floats (sets the probe's margin and limit)."""
+        return is_half(self._args(policy.name)["dtype"], trainer_compute_dtype(policy))
+
     def _build(self, policy) -> _Held:
         vllm = import_vllm()
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
+            raise ValueError("VLLM_ENABLE_V1_MULTIPROCESSING is set to a non-zero value; the vLLM engine loads weights "
+                             "into an in-process engine core: unset it or set it to 0.")
         args = self._args(policy.name)
         on_cpu = policy.device.type == "cpu"
         sleepers = [n for n in self.llms if self._args(n)["enable_sleep_mode"]] + (
@@ -311,25 +346,32 @@ class VLLMRolloutEngine(RolloutEngine):
         if args["dtype"] == "auto":
             args["dtype"] = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
         if on_cpu and args["kv_cache_memory_bytes"] is None:
-            weight_bytes = sum(p.numel() * p.element_size() for p in policy.model.parameters())
+            from mutual_rl.distributed import is_sharded, rank_and_world
+
+            shards = rank_and_world()[1] if is_sharded(policy.model) else 1  # the engine holds the whole model
+            weight_bytes = shards * sum(p.numel() * p.element_size() for p in policy.model.parameters())
             args["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(args["gpu_memory_utilization"], weight_bytes,
                                                                policy=policy.name)
-        args.update(_distributed_args(args.pop("seed")))
         tmp = tempfile.TemporaryDirectory(prefix=f"mutual_rl_vllm_{policy.name}_")
         model = plain_model(policy.model)
         config = copy.deepcopy(model.config)  # config + tokenizer only: the weights come by the sync
         config.architectures = [type(model).__name__]
         config.save_pretrained(tmp.name)
         policy.tokenizer.save_pretrained(tmp.name)
-        kwargs = {k: v for k, v in args.items() if v is not None}
-        with preserved_process_state():
+        with engine_placement(policy, args.pop("seed")) as placed, preserved_process_state():
+            kwargs = {k: v for k, v in {**args, **placed}.items() if v is not None}
             llm = vllm.LLM(model=tmp.name, load_format="dummy", logprobs_mode="processed_logprobs",
                            generation_config="vllm", **kwargs, **self.llm_kwargs)
         held = _Held(llm, policy.version, tmp)
-        push_weights(llm, hf_weights(policy))
-        pairs = probe_pairs(policy)
-        held.baseline = ProbeBaseline.record(trainer_probe_logp(policy, pairs), self._engine_logp(llm, pairs),
-                                             policy=policy.name)
+
+        def load_and_record():
+            push_weights(llm, hf_weights(policy))
+            pairs = probe_pairs(policy)
+            half = self._dtypes_half(policy)
+            held.baseline = ProbeBaseline.record(trainer_probe_logp(policy, pairs), self._engine_logp(llm, pairs),
+                                                 policy=policy.name, limit=baseline_limit(half))
+
+        _together(load_and_record, f"loading policy {policy.name!r} into its new vLLM engine")
         return held
 
     def _wake(self, held: _Held) -> None:
@@ -348,7 +390,7 @@ class VLLMRolloutEngine(RolloutEngine):
         vllm = import_vllm()
         held = self.ensure(policy)
         if held.version != policy.version:  # e.g. restored from a checkpoint, or updated without a sync call
-            self._sync(policy, held)
+            _together(lambda: self._sync(policy, held), f"the vLLM weight sync of policy {policy.name!r}")
         prompts = [policy.render_prompt(p.problem) for p in problems]
         prompt_ids = [policy.encode_prompt(t) for t in prompts]
         params = vllm.SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
@@ -360,20 +402,13 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def sync_weights(self, policy) -> dict[str, float]:
         """Push the policy's current weights into its engine and verify them; returns ``sync_s`` and the probe's
-        metrics. Under several processes a failed probe raises on every rank."""
-        from mutual_rl.distributed import raise_together
-
+        metrics. Under several processes an error on any rank (a failed probe or load) raises on every rank."""
         held = self.llms.get(policy.name)
         if held is None:  # not created yet: it will be built from the current weights on first use
             return {}
         self._wake(held)
         t0 = time.perf_counter()
-        metrics, error = {}, None
-        try:
-            metrics = self._sync(policy, held)
-        except WeightSyncError as e:
-            error = e
-        raise_together(error, f"the vLLM weight sync of policy {policy.name!r}")
+        metrics = _together(lambda: self._sync(policy, held), f"the vLLM weight sync of policy {policy.name!r}")
         metrics["sync_s"] = time.perf_counter() - t0
         self._maybe_sleep(policy.name, held)
         return metrics
@@ -402,8 +437,23 @@ class VLLMRolloutEngine(RolloutEngine):
         return [prompt_logprobs_tail(o, p + r, len(r)) for o, (p, r) in zip(outs, pairs)]
 
     def margin(self, policy) -> float:
-        """The probe margin for ``policy``'s engine (``probe_margin``, else by the engine's dtype)."""
+        """The probe margin for ``policy``'s engine (``probe_margin``, else by the dtypes of the engine and the trainer
+        and the baseline)."""
         if self.probe_margin is not None:
             return self.probe_margin
-        dtype = str(self._args(policy.name)["dtype"])
-        return default_margin(str(next(policy.model.parameters()).dtype) if dtype == "auto" else dtype)
+        held = self.llms.get(policy.name)
+        return default_margin(self._dtypes_half(policy), held.baseline.mean if held and held.baseline else 0.0)
+
+
+def _together(fn, what: str):
+    """``fn()``; under several processes an exception on any rank raises on every rank (``raise_together``), so no
+    rank is left waiting in the next collective."""
+    from mutual_rl.distributed import raise_together
+
+    result, error = None, None
+    try:
+        result = fn()
+    except Exception as e:  # noqa: BLE001 - re-raised on this rank, reported to the others
+        error = e
+    raise_together(error, what)
+    return result
