@@ -26,6 +26,7 @@ from mutual_rl.callbacks.checkpointing import AtomicCheckpointIO, is_special_ckp
 from mutual_rl.data.datamodule import PromptDataModule
 from mutual_rl.distributed import destroy_process_group
 from mutual_rl.module import MutualRLModule
+from mutual_rl.rollout.vllm import close_all
 
 # Attribute docstrings of the config dataclasses become --help text.
 set_parsing_settings(docstring_parse_attribute_docstrings=True)
@@ -220,6 +221,7 @@ def main(args=None) -> None:
     try:
         build_cli(args)
     finally:
+        close_all()  # vLLM engines tear down their groups first (rollout/vllm.py)
         destroy_process_group()  # a live gloo group can abort the exit of a finished multi-process run
 
 

