@@ -34,6 +34,9 @@ def test_per_rank_engines_sync_and_fail_together(presets, tmp_path):  # noqa: F8
             assert r["probe_gap_mean"] <= r["probe_baseline_mean"] + 1e-4, (name, r)
     assert ranks[1]["failure"].startswith("WeightSyncError"), ranks[1]["failure"]
     assert ranks[0]["failure"].startswith("RuntimeError") and "another rank" in ranks[0]["failure"]
+    for r in ranks:  # the trainer's group outlives the engines; new engines build on it
+        assert r["after_close"]["initialized"] and r["after_close"]["all_reduce"] == 3.0, r["after_close"]
+        assert r["after_close"]["rebuilt_gap"] <= 1e-5, r["after_close"]
 
 
 def test_two_rank_fsdp_fit_with_vllm(presets, tmp_path):  # noqa: F811

@@ -1,7 +1,8 @@
 """Run under torchrun (2 CPU ranks, gloo) with vLLM installed: every rank builds its own in-process vLLM engines for
 FSDP-sharded policies (gpt2 with LoRA, llama full) the way several GPUs would (``external_launcher``, per-rank
 seeds), samples, pushes an update streamed unit by unit and verifies it; then a sync that fails on rank 1 only
-must stop both ranks (rank 0 with a pointer to rank 1's error) instead of leaving rank 0 waiting.
+must stop both ranks (rank 0 with a pointer to rank 1's error) instead of leaving rank 0 waiting. Closing the engines
+leaves the trainer's process group working, and new engines build on it.
 Writes OUT/rank<r>.json. Usage: torchrun --nproc-per-node 2 vllm_two_ranks.py OUT
 """
 
@@ -87,6 +88,7 @@ def main(out: str) -> None:
         for p in policy.model.parameters():
             p.add_(0.05)
     policy.version += 1
+    push_weights = V.push_weights
     if rank == 1:
         V.push_weights = lambda llm, weights: [w for w in weights] and []  # consumes the stream, loads nothing
     try:
@@ -94,6 +96,15 @@ def main(out: str) -> None:
         result["failure"] = "none"
     except (V.WeightSyncError, RuntimeError) as e:
         result["failure"] = f"{type(e).__name__}: {e}"
+    V.push_weights = push_weights
+    engine.close()  # vLLM's own teardown destroyed the default (the trainer's) process group with its engines
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)
+    result["after_close"] = {"initialized": dist.is_initialized(), "all_reduce": total.item()}
+    rebuilt = V.VLLMRolloutEngine(enforce_eager=True, kv_cache_memory_bytes=32 * 2**20)
+    result["after_close"]["rebuilt_gap"] = trainer_gap(policies["gpt2"], rebuilt.generate(policies["gpt2"], PROBLEMS,
+                                                                                          SAMPLING, step=2))
+    rebuilt.close()
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 

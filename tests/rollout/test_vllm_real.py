@@ -184,6 +184,40 @@ def test_two_engines_share_the_process():
     engine.place("a", "colocate")
 
 
+def test_an_engine_closed_or_dropped_while_another_lives():
+    """vLLM's groups are process-wide: an engine closed, or collected, while another lives frees its own memory
+    only. vLLM's own teardown destroyed the live engine's groups ('pipeline model parallel group is not
+    initialized' at its next step, as on CI when a test's engine was collected during the next test's fit)."""
+    import gc
+
+    first, second = (V.VLLMRolloutEngine(enforce_eager=True, kv_cache_memory_bytes=KV) for _ in range(2))
+    a, b = _policy("tiny:gpt2-bpe", False, name="a"), _policy("tiny:llama-char", True, name="b")
+    first.generate(a, PROBLEMS, SAMPLING, step=0)
+    second.generate(b, PROBLEMS, SAMPLING, step=0)
+    live = len(V._LIVE_CORES)
+    first.close()
+    assert len(V._LIVE_CORES) == live - 1 and not first.llms
+
+    def still_works(step: int) -> None:
+        _perturb(b, seed=step)
+        assert second.sync_weights(b)["probe_gap_mean"] <= 1e-4
+        groups = second.generate(b, PROBLEMS, SAMPLING, step=step)
+        assert _trainer_gap(b, groups, SAMPLING.temperature) <= 1e-5
+
+    still_works(1)
+    third = V.VLLMRolloutEngine(enforce_eager=True, kv_cache_memory_bytes=KV)
+    third.generate(a, PROBLEMS, SAMPLING, step=2)
+    release = third.llms["a"].release
+    del third
+    gc.collect()
+    assert not release.alive and len(V._LIVE_CORES) == live - 1  # collected: shut down by our finalizer
+    still_works(3)
+    second.close()
+    groups = second.generate(a, PROBLEMS, SAMPLING, step=4)  # a closed engine builds anew
+    assert _trainer_gap(a, groups, SAMPLING.temperature) <= 1e-5
+    second.close()
+
+
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_fit_through_the_vllm_engine(tmp_path, precision):
     """Two training steps of a heterogeneous pair (gpt2 with LoRA, llama full) with SGT, rollouts from vLLM: every

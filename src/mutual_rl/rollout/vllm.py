@@ -19,7 +19,10 @@ What is implemented and tested against the real vLLM (its CPU backend, ``tests/r
   CPU engine an explicit ``kv_cache_memory_bytes``: ``gpu_memory_utilization`` (which on the CPU backend is a
   fraction of RAM) times the node's RAM, minus that policy's weights. Sleep mode (GPU only: vLLM ignores it on the
   CPU) is refused with more than one engine in a process: vLLM's sleep allocator is process-wide, so one engine's
-  sleep would unmap the others' memory.
+  sleep would unmap the others' memory. vLLM's parallel groups are process-wide as well: an engine closed or
+  collected frees its own memory only, and the groups go with the last engine (:func:`_release`).
+* **Outside autocast**: ``generate``, ``sync_weights`` and ``probe`` disable autocast (a fit under ``bf16-mixed``
+  calls them inside its bf16 autocast); vLLM computes in the engine's ``dtype``.
 * **Sampling and log-probs**: ``SamplingParams(n, temperature, top_p, top_k (0 = off), max_tokens, logprobs=0)``
   -- the log-prob of each *sampled* token -- with ``logprobs_mode="processed_logprobs"`` (temperature, top-k and
   top-p applied, as the HF engine's trace and the trainer's tempered ``response_logp``) and
@@ -41,6 +44,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import gc
 import os
 import random
 import tempfile
@@ -61,6 +66,7 @@ from mutual_rl.rollout.vllm_sync import (
     default_margin,
     hf_weights,
     is_half,
+    outside_autocast,
     plain_model,
     probe_pairs,
     push_weights,
@@ -185,17 +191,26 @@ def preserved_process_state():
             np.random.set_state(np_state)
 
 
-def cpu_kv_cache_bytes(utilization: float, weight_bytes: int, *, policy: str = "?") -> int:
-    """The key/value cache of a CPU engine: ``utilization`` of the RAM of the NUMA node vLLM binds it to (the node
-    of the first CPU this process may use) minus the policy's weights."""
+@functools.cache
+def _node_ram() -> int:
+    """The RAM of the NUMA node vLLM binds this process's CPU engines to (the node of the first CPU the process may
+    use), read once per process: the engines of a run share one budget even where the node's total moves (on the
+    virtual machines this was tested on, a node's ``MemTotal`` grows as memory is hot-plugged: 10.2 then 12.6 GiB
+    within one session; 15.3 then 15.7 GiB between two engine builds of one CI run)."""
     try:
         from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
 
-        total = get_memory_node_info(max(get_allowed_cpu_list()[0].numa_node, 0)).total_memory
+        return get_memory_node_info(max(get_allowed_cpu_list()[0].numa_node, 0)).total_memory
     except Exception:  # another vLLM layout: the machine's RAM
         import psutil
 
-        total = psutil.virtual_memory().total
+        return psutil.virtual_memory().total
+
+
+def cpu_kv_cache_bytes(utilization: float, weight_bytes: int, *, policy: str = "?") -> int:
+    """The key/value cache of a CPU engine: ``utilization`` of the RAM of the NUMA node vLLM binds it to
+    (:func:`_node_ram`) minus the policy's weights."""
+    total = _node_ram()
     kv = int(utilization * total) - int(weight_bytes)
     if kv < 16 * 2**20:
         raise ValueError(
@@ -246,6 +261,7 @@ class _Held:
     llm: object
     version: int
     tmpdir: object
+    release: weakref.finalize
     baseline: ProbeBaseline | None = None
     sleeping: bool = False
 
@@ -303,12 +319,11 @@ class VLLMRolloutEngine(RolloutEngine):
         _OPEN.add(self)
 
     def close(self) -> None:
-        """Shut the engines down (vLLM's own teardown, which also destroys the process group it joined) and forget
-        them; a later rollout builds them anew. ``mutual-rl`` calls it (:func:`close_all`) when a run ends, before it
-        destroys the process group itself: vLLM's teardown at interpreter exit would otherwise meet destroyed groups
-        ("Invalid process group specified")."""
+        """Shut the engines down (:func:`_release`: their memory always, vLLM's process-wide groups with the last
+        engine of the process) and forget them; a later rollout builds them anew. ``mutual-rl`` calls it
+        (:func:`close_all`) when a run ends, before it destroys the process group itself."""
         for held in self.llms.values():
-            held.llm.llm_engine.engine_core.shutdown()
+            held.release()
             held.tmpdir.cleanup()
         self.llms.clear()
 
@@ -370,11 +385,12 @@ class VLLMRolloutEngine(RolloutEngine):
         config.architectures = [type(model).__name__]
         config.save_pretrained(tmp.name)
         policy.tokenizer.save_pretrained(tmp.name)
+        _note_group_owner()
         with engine_placement(policy, args.pop("seed")) as placed, preserved_process_state():
             kwargs = {k: v for k, v in {**args, **placed}.items() if v is not None}
             llm = vllm.LLM(model=tmp.name, load_format="dummy", logprobs_mode="processed_logprobs",
                            generation_config="vllm", **kwargs, **self.llm_kwargs)
-        held = _Held(llm, policy.version, tmp)
+        held = _Held(llm, policy.version, tmp, release=_adopt(llm))
 
         def load_and_record():
             push_weights(llm, hf_weights(policy))
@@ -397,6 +413,7 @@ class VLLMRolloutEngine(RolloutEngine):
             held.sleeping = True
 
     @torch.no_grad()
+    @outside_autocast()
     def generate(self, policy, problems: Sequence[Problem], sampling: SamplingSpec, *, step: int,
                  group_id_base: int = 0) -> list[list[Rollout]]:
         vllm = import_vllm()
@@ -412,6 +429,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._maybe_sleep(policy.name, held)
         return build_rollouts(policy, problems, prompts, prompt_ids, outputs, step=step, group_id_base=group_id_base)
 
+    @outside_autocast()
     def sync_weights(self, policy) -> dict[str, float]:
         """Push the policy's current weights into its engine and verify them; returns ``sync_s`` and the probe's
         metrics. Under several processes an error on any rank (a failed probe or load) raises on every rank."""
@@ -433,6 +451,7 @@ class VLLMRolloutEngine(RolloutEngine):
             return self.probe(policy)
         return {}
 
+    @outside_autocast()
     def probe(self, policy) -> dict[str, float]:
         """Compare the engine's probe log-probs with the trainer's, against the baseline recorded at creation."""
         held = self.llms[policy.name]
@@ -458,6 +477,73 @@ class VLLMRolloutEngine(RolloutEngine):
 
 
 _OPEN: weakref.WeakSet[VLLMRolloutEngine] = weakref.WeakSet()
+
+# Engine lifetime. vLLM's parallel state (its world and model-parallel groups) is process-wide: every in-process engine
+# uses the same groups, and vLLM's own teardown of one engine (``EngineCore.shutdown``, also run when an ``LLM`` is
+# collected) ends with ``cleanup_dist_env_and_memory``, which destroys them all -- and the default process group with
+# them. An engine dropped while another lived (a second fit in one process, a notebook, a test) left the live one
+# without groups ("pipeline model parallel group is not initialized" at its next step), and under several processes
+# the trainer's own process group went too. The engine therefore takes the teardown over (:func:`_adopt`).
+_LIVE_CORES: set[int] = set()  # the engine cores of this process not yet released
+_GROUPS = {"vllm_made_default": False}  # whether vLLM created the default process group (one process, no trainer group)
+
+
+def _dist_initialized() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _note_group_owner() -> None:
+    """Before a build: with no live engine, whoever made the default process group is known now (the trainer, if it
+    exists before vLLM's first engine; vLLM otherwise)."""
+    if not _LIVE_CORES:
+        _GROUPS["vllm_made_default"] = not _dist_initialized()
+
+
+def _adopt(llm) -> weakref.finalize:
+    """Take over the teardown of a new in-process engine: vLLM's finalizer (collect the ``LLM``, shut its core down)
+    is detached and ours put in its place; it runs on :meth:`VLLMRolloutEngine.close`, when the ``LLM`` is collected,
+    or at interpreter exit, once."""
+    import vllm.v1.engine.core as core_module
+
+    if not hasattr(core_module, "cleanup_dist_env_and_memory"):
+        raise ImportError(f"vLLM {getattr(import_vllm(), '__version__', '?')}: its engine core has no "
+                          "cleanup_dist_env_and_memory, which mutual-rl's engine teardown replaces; install a tested "
+                          f"vLLM: {INSTALL_HINT} (GPU) or {CPU_INSTALL_HINT} (CPU).")
+    client = llm.llm_engine.engine_core
+    finalizer = getattr(client, "_finalizer", None)
+    if finalizer is not None:
+        finalizer.detach()
+    core = client.engine_core
+    _LIVE_CORES.add(id(core))
+    return weakref.finalize(llm, _release, core)
+
+
+def _release(core) -> None:
+    """Shut one engine core down (vLLM's ``EngineCore.shutdown``: executor, worker and model runner, KV cache,
+    scheduler) with its last step, ``cleanup_dist_env_and_memory``, replaced for the call: vLLM's process-wide groups
+    are destroyed only with the last engine of the process, and only where vLLM created the default process group
+    itself (one process); otherwise they stay (a later engine reuses them) and only memory is freed. The trainer's
+    process group is never vLLM's to destroy."""
+    import vllm.v1.engine.core as core_module
+
+    _LIVE_CORES.discard(id(core))
+    full = not _LIVE_CORES and _GROUPS["vllm_made_default"] and _dist_initialized()
+    original = core_module.cleanup_dist_env_and_memory
+
+    def cleanup(shutdown_ray: bool = False) -> None:
+        if full:
+            original(shutdown_ray)
+            return
+        gc.unfreeze()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    core_module.cleanup_dist_env_and_memory = cleanup
+    try:
+        core.shutdown()
+    finally:
+        core_module.cleanup_dist_env_and_memory = original
 
 
 def close_all() -> None:

@@ -43,6 +43,8 @@ and after each sync requires
 
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -197,6 +199,18 @@ def probe_pairs(policy) -> list[tuple[list[int], list[int]]]:
         resp = policy.tokenizer(response, add_special_tokens=False)["input_ids"]
         pairs.append((list(prompt), list(resp)))
     return pairs
+
+
+@contextlib.contextmanager
+def outside_autocast():
+    """No autocast (CPU, and CUDA where present) inside: under ``bf16-mixed`` a rollout and a sync run inside the
+    training step's bf16 autocast, which would otherwise reach the LoRA merge (its ``B @ A`` rounded to bf16: probe
+    gaps of 6e-4 on a float32 engine) and vLLM's own forward. vLLM computes in the engine's dtype."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.autocast(device_type="cpu", enabled=False))
+        if torch.cuda.is_available():
+            stack.enter_context(torch.autocast(device_type="cuda", enabled=False))
+        yield
 
 
 @torch.no_grad()
