@@ -44,7 +44,6 @@ and after each sync requires
 from __future__ import annotations
 
 import contextlib
-
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
