@@ -97,7 +97,7 @@ def main(out: str) -> None:
     except (V.WeightSyncError, RuntimeError) as e:
         result["failure"] = f"{type(e).__name__}: {e}"
     V.push_weights = push_weights
-    engine.close()  # vLLM's own teardown destroyed the default (the trainer's) process group with its engines
+    engine.close()  # vLLM's own teardown used to destroy the default (the trainer's) process group here
     total = torch.tensor([rank + 1.0])
     dist.all_reduce(total)
     result["after_close"] = {"initialized": dist.is_initialized(), "all_reduce": total.item()}

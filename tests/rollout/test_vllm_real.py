@@ -194,9 +194,14 @@ def test_an_engine_closed_or_dropped_while_another_lives():
     a, b = _policy("tiny:gpt2-bpe", False, name="a"), _policy("tiny:llama-char", True, name="b")
     first.generate(a, PROBLEMS, SAMPLING, step=0)
     second.generate(b, PROBLEMS, SAMPLING, step=0)
-    live = len(V._LIVE_CORES)
+
+    def core_id(engine, name):
+        return id(engine.llms[name].llm.llm_engine.engine_core.engine_core)
+
+    ids = {"first": core_id(first, "a"), "second": core_id(second, "b")}
+    assert set(ids.values()) <= V._LIVE_CORES
     first.close()
-    assert len(V._LIVE_CORES) == live - 1 and not first.llms
+    assert ids["first"] not in V._LIVE_CORES and ids["second"] in V._LIVE_CORES and not first.llms
 
     def still_works(step: int) -> None:
         _perturb(b, seed=step)
@@ -207,15 +212,45 @@ def test_an_engine_closed_or_dropped_while_another_lives():
     still_works(1)
     third = V.VLLMRolloutEngine(enforce_eager=True, kv_cache_memory_bytes=KV)
     third.generate(a, PROBLEMS, SAMPLING, step=2)
-    release = third.llms["a"].release
+    ids["third"], release = core_id(third, "a"), third.llms["a"].release
     del third
     gc.collect()
-    assert not release.alive and len(V._LIVE_CORES) == live - 1  # collected: shut down by our finalizer
+    assert not release.alive and ids["third"] not in V._LIVE_CORES  # collected: shut down by our finalizer
     still_works(3)
     second.close()
     groups = second.generate(a, PROBLEMS, SAMPLING, step=4)  # a closed engine builds anew
     assert _trainer_gap(a, groups, SAMPLING.temperature) <= 1e-5
     second.close()
+
+
+LAST_ENGINE = """
+import torch
+from vllm.distributed import parallel_state as ps
+from tests.rollout.test_vllm_real import _policy, PROBLEMS, SAMPLING, KV, V
+a = _policy("tiny:gpt2-bpe", False, name="a")
+engine = V.VLLMRolloutEngine(enforce_eager=True, kv_cache_memory_bytes=KV)
+engine.generate(a, PROBLEMS, SAMPLING, step=0)
+made = torch.distributed.is_initialized() and ps._PP is not None
+engine.close()
+print("RESULT", made, torch.distributed.is_initialized(), ps._PP is None, ps._WORLD is None)
+engine.generate(a, PROBLEMS, SAMPLING, step=1)
+print("REBUILT", torch.distributed.is_initialized() and ps._PP is not None)
+engine.close()
+"""
+
+
+def test_the_last_engine_of_a_process_takes_vllms_groups_with_it():
+    """One process, no trainer group: vLLM made the default process group and its own; closing the last engine
+    destroys them all (as vLLM's teardown does), and a new engine makes them again."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", LAST_ENGINE], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "MUTUAL_RL_TEST_DEVICE": "cpu"})
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("RESULT", "REBUILT"))]
+    assert lines == ["RESULT True False True True", "REBUILT True"], proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])

@@ -45,10 +45,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import gc
 import os
 import random
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Sequence
@@ -385,12 +385,12 @@ class VLLMRolloutEngine(RolloutEngine):
         config.architectures = [type(model).__name__]
         config.save_pretrained(tmp.name)
         policy.tokenizer.save_pretrained(tmp.name)
-        _note_group_owner()
-        with engine_placement(policy, args.pop("seed")) as placed, preserved_process_state():
+        with _building(), engine_placement(policy, args.pop("seed")) as placed, preserved_process_state():
             kwargs = {k: v for k, v in {**args, **placed}.items() if v is not None}
             llm = vllm.LLM(model=tmp.name, load_format="dummy", logprobs_mode="processed_logprobs",
                            generation_config="vllm", **kwargs, **self.llm_kwargs)
-        held = _Held(llm, policy.version, tmp, release=_adopt(llm))
+            release = _adopt(llm)
+        held = _Held(llm, policy.version, tmp, release=release)
 
         def load_and_record():
             push_weights(llm, hf_weights(policy))
@@ -479,71 +479,110 @@ class VLLMRolloutEngine(RolloutEngine):
 _OPEN: weakref.WeakSet[VLLMRolloutEngine] = weakref.WeakSet()
 
 # Engine lifetime. vLLM's parallel state (its world and model-parallel groups) is process-wide: every in-process engine
-# uses the same groups, and vLLM's own teardown of one engine (``EngineCore.shutdown``, also run when an ``LLM`` is
-# collected) ends with ``cleanup_dist_env_and_memory``, which destroys them all -- and the default process group with
-# them. An engine dropped while another lived (a second fit in one process, a notebook, a test) left the live one
-# without groups ("pipeline model parallel group is not initialized" at its next step), and under several processes
-# the trainer's own process group went too. The engine therefore takes the teardown over (:func:`_adopt`).
-_LIVE_CORES: set[int] = set()  # the engine cores of this process not yet released
-_GROUPS = {"vllm_made_default": False}  # whether vLLM created the default process group (one process, no trainer group)
+# uses the same groups, and vLLM's own teardown of one engine (``EngineCore.shutdown``, run by vLLM when the engine's
+# client is collected) ends with ``cleanup_dist_env_and_memory``, which destroys them all -- and the default process
+# group with them. An engine dropped while another lived (a second fit in one process, a notebook, a test) left the
+# live one without groups ("pipeline model parallel group is not initialized" at its next step), and under several
+# processes the trainer's own process group went too. The engine therefore takes the teardown over (:func:`_adopt`).
+_LOCK = threading.RLock()
+_LIVE_CORES: set[int] = set()  # the engine cores of this process not yet released (our finalizers hold them)
+_STATE = {"building": 0, "vllm_made_default": False}  # engines under construction; who made the default group
+_VLLM_CLEANUP: list = []  # vLLM's own cleanup_dist_env_and_memory, saved when ours is installed
 
 
 def _dist_initialized() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
-def _note_group_owner() -> None:
-    """Before a build: with no live engine, whoever made the default process group is known now (the trainer, if it
-    exists before vLLM's first engine; vLLM otherwise)."""
-    if not _LIVE_CORES:
-        _GROUPS["vllm_made_default"] = not _dist_initialized()
+@contextlib.contextmanager
+def _building():
+    """Around ``vllm.LLM(...)``: the engine under construction counts as live (a collection during the build must
+    not tear down the groups it has just joined), and with no live engine, whoever made the default process group
+    is known now (the trainer, if it exists before vLLM's first engine; vLLM otherwise)."""
+    with _LOCK:
+        if not _LIVE_CORES and not _STATE["building"]:
+            _STATE["vllm_made_default"] = not _dist_initialized()
+        _STATE["building"] += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _STATE["building"] -= 1
+
+
+def _install_cleanup() -> None:
+    """Put :func:`_cleanup` in place of ``vllm.v1.engine.core.cleanup_dist_env_and_memory`` (what
+    ``EngineCore.shutdown`` calls last), once per process."""
+    import vllm.v1.engine.core as core_module
+
+    with _LOCK:
+        if _VLLM_CLEANUP:
+            return
+        original = getattr(core_module, "cleanup_dist_env_and_memory", None)
+        if original is None:
+            raise ImportError(f"vLLM {getattr(import_vllm(), '__version__', '?')}: its engine core has no "
+                              "cleanup_dist_env_and_memory, which mutual-rl's engine teardown wraps; install a tested "
+                              f"vLLM: {INSTALL_HINT} (GPU) or {CPU_INSTALL_HINT} (CPU).")
+        _VLLM_CLEANUP.append(original)
+        core_module.cleanup_dist_env_and_memory = _cleanup
+
+
+def _cleanup(shutdown_ray: bool = False) -> None:
+    """vLLM's ``cleanup_dist_env_and_memory`` (caches, garbage, device memory) deciding at call time what it may
+    destroy: nothing of the process's groups while another engine lives or is being built; with the last engine,
+    vLLM's groups, and the default process group only if vLLM made it (one process without a trainer group)."""
+    from vllm.distributed import parallel_state as ps
+
+    with _LOCK:
+        last = not _LIVE_CORES and not _STATE["building"]
+        patches = {}
+        if not last:
+            patches = {"destroy_model_parallel": lambda: None, "destroy_distributed_environment": lambda: None}
+        elif not _STATE["vllm_made_default"]:
+            patches = {"destroy_distributed_environment": _destroy_vllm_world}
+        saved = {name: getattr(ps, name) for name in patches}
+        for name, fn in patches.items():
+            setattr(ps, name, fn)
+        try:
+            _VLLM_CLEANUP[0](shutdown_ray)
+        finally:
+            for name, fn in saved.items():
+                setattr(ps, name, fn)
+
+
+def _destroy_vllm_world() -> None:
+    """vLLM's ``destroy_distributed_environment`` without its last step: vLLM's world group (sub-groups it created)
+    goes, the default process group (the trainer's) stays. A later engine builds its groups anew on it."""
+    from vllm.distributed import parallel_state as ps
+
+    world = getattr(ps, "_WORLD", None)  # no public handle on vLLM's world group alone
+    if world is not None:
+        world.destroy()
+    ps._WORLD = None
+    ps._NODE_COUNT = None
 
 
 def _adopt(llm) -> weakref.finalize:
-    """Take over the teardown of a new in-process engine: vLLM's finalizer (collect the ``LLM``, shut its core down)
-    is detached and ours put in its place; it runs on :meth:`VLLMRolloutEngine.close`, when the ``LLM`` is collected,
-    or at interpreter exit, once."""
-    import vllm.v1.engine.core as core_module
-
-    if not hasattr(core_module, "cleanup_dist_env_and_memory"):
-        raise ImportError(f"vLLM {getattr(import_vllm(), '__version__', '?')}: its engine core has no "
-                          "cleanup_dist_env_and_memory, which mutual-rl's engine teardown replaces; install a tested "
-                          f"vLLM: {INSTALL_HINT} (GPU) or {CPU_INSTALL_HINT} (CPU).")
+    """Take over the teardown of a new in-process engine: vLLM's finalizer on the engine's client (which shuts the
+    core down when the client is collected) is detached and ours, on the ``LLM``, put in its place; it runs on
+    :meth:`VLLMRolloutEngine.close`, when the ``LLM`` is collected, or at interpreter exit, once."""
+    _install_cleanup()
     client = llm.llm_engine.engine_core
     finalizer = getattr(client, "_finalizer", None)
     if finalizer is not None:
         finalizer.detach()
     core = client.engine_core
-    _LIVE_CORES.add(id(core))
+    with _LOCK:
+        _LIVE_CORES.add(id(core))
     return weakref.finalize(llm, _release, core)
 
 
 def _release(core) -> None:
     """Shut one engine core down (vLLM's ``EngineCore.shutdown``: executor, worker and model runner, KV cache,
-    scheduler) with its last step, ``cleanup_dist_env_and_memory``, replaced for the call: vLLM's process-wide groups
-    are destroyed only with the last engine of the process, and only where vLLM created the default process group
-    itself (one process); otherwise they stay (a later engine reuses them) and only memory is freed. The trainer's
-    process group is never vLLM's to destroy."""
-    import vllm.v1.engine.core as core_module
-
-    _LIVE_CORES.discard(id(core))
-    full = not _LIVE_CORES and _GROUPS["vllm_made_default"] and _dist_initialized()
-    original = core_module.cleanup_dist_env_and_memory
-
-    def cleanup(shutdown_ray: bool = False) -> None:
-        if full:
-            original(shutdown_ray)
-            return
-        gc.unfreeze()
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-    core_module.cleanup_dist_env_and_memory = cleanup
-    try:
+    scheduler), its last step being :func:`_cleanup`."""
+    with _LOCK:
+        _LIVE_CORES.discard(id(core))
         core.shutdown()
-    finally:
-        core_module.cleanup_dist_env_and_memory = original
 
 
 def close_all() -> None:
