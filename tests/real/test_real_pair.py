@@ -27,22 +27,31 @@ def long_on_add(prompts, completions, **columns):
     return [float((len(c) > 24) == ("+" in p)) for p, c in zip(prompts, completions)]
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("real")
-    cfg = load_config(ROOT / "configs" / "real" / "sgt.yaml")
+def shrunk_config(name: str, tmp: Path, callbacks: list, **model) -> Path:
+    """``configs/real/<name>`` as shipped except for sizes (2 steps of 2 prompts x 2 samples, short responses, a
+    10-step qwen warm-up, the :func:`long_on_add` reward, no evaluation), logging to a CSV file in ``tmp``; returns
+    the written config's path."""
+    cfg = load_config(ROOT / "configs" / "real" / name)
     smol, qwen = cfg["model"]["policies"]
     smol["sampling"].update(n=2, max_new_tokens=24)
     qwen["sampling"].update(n=2, max_new_tokens=2)
     qwen["warmstart"]["steps"] = 10
     cfg["model"].update(export_dir=str(tmp / "export"), reward=[{"fn": "tests.real.test_real_pair:long_on_add"}],
-                        eval_at_start=False, log_samples_every_n_steps=0, thl_residual_every_n_steps=1)
+                        eval_at_start=False, log_samples_every_n_steps=0, **model)
     cfg["data"].update(batch_size=2, val_per_skill=2)
-    cfg["trainer"].update(max_steps=2, limit_val_batches=0, enable_progress_bar=False, callbacks=[
-        {"class_path": "mutual_rl.exchange.ExperienceExchange"}], default_root_dir=str(tmp),
-        logger={"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp)}})
-    path = tmp / "sgt.yaml"
+    cfg["trainer"].update(max_steps=2, limit_val_batches=0, enable_progress_bar=False, callbacks=callbacks,
+                          default_root_dir=str(tmp),
+                          logger={"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp)}})
+    path = tmp / name
     path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("real")
+    path = shrunk_config("sgt.yaml", tmp, [{"class_path": "mutual_rl.exchange.ExperienceExchange"}],
+                         thl_residual_every_n_steps=1)
     cli = build_cli(["fit", "--config", str(path)])
     return cli, tmp
 

