@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not HAS_VLLM, reason='needs v
                                                    "(the vllm lane of .ci/run)")]
 if HAS_VLLM:
     from mutual_rl.rollout import vllm as V
+    from mutual_rl.rollout import vllm_process as P
 
 PRESETS = ["tiny:gpt2-bpe", "tiny:llama-char"]
 PROBLEMS = [Problem(1, "3+4=", "7", "add"), Problem(2, "12+34=", "46", "add"), Problem(3, "71-5=", "66", "sub")]
@@ -199,9 +200,9 @@ def test_an_engine_closed_or_dropped_while_another_lives():
         return id(engine.llms[name].llm.llm_engine.engine_core.engine_core)
 
     ids = {"first": core_id(first, "a"), "second": core_id(second, "b")}
-    assert set(ids.values()) <= V._LIVE_CORES
+    assert set(ids.values()) <= P.LIVE_CORES
     first.close()
-    assert ids["first"] not in V._LIVE_CORES and ids["second"] in V._LIVE_CORES and not first.llms
+    assert ids["first"] not in P.LIVE_CORES and ids["second"] in P.LIVE_CORES and not first.llms
 
     def still_works(step: int) -> None:
         _perturb(b, seed=step)
@@ -215,7 +216,7 @@ def test_an_engine_closed_or_dropped_while_another_lives():
     ids["third"], release = core_id(third, "a"), third.llms["a"].release
     del third
     gc.collect()
-    assert not release.alive and ids["third"] not in V._LIVE_CORES  # collected: shut down by our finalizer
+    assert not release.alive and ids["third"] not in P.LIVE_CORES  # collected: shut down by our finalizer
     still_works(3)
     second.close()
     groups = second.generate(a, PROBLEMS, SAMPLING, step=4)  # a closed engine builds anew
