@@ -301,9 +301,9 @@ def test_gradient_checkpointing_gives_the_same_logp_and_gradients(lora):
 
 
 def test_gradient_checkpointing_policy_generates():
-    from mutual_rl.data.task import Problem
     from mutual_rl.policies.spec import SamplingSpec
     from mutual_rl.rollout.hf import HFRolloutEngine
+    from mutual_rl.types import Problem
 
     policy = build_policy(PolicySpec(name="c", model="tiny:llama-bpe", warmstart=WarmStart(steps=3, batch_size=8),
                                      gradient_checkpointing=True, sampling=SamplingSpec(n=2, max_new_tokens=4)))

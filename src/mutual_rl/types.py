@@ -8,13 +8,28 @@ sources apart (rule 3): ``logp`` (current policy), ``old_logp`` (behaviour polic
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from mutual_rl.data.task import Problem
-
 FINISH_REASONS = ("eos", "length")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt: ``problem`` text, gold ``answer`` text, and the ``skill`` it exercises (may be ``""``).
+
+    ``columns``: the other fields of the dataset row it came from (name -> value), which TRL-style rewards get as
+    keyword arguments; ``None`` for generated tasks. Not part of equality or the hash.
+    """
+
+    prompt_id: int
+    problem: str
+    answer: str
+    skill: str = ""
+    columns: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
 
 class PromptBatch:
@@ -108,6 +123,10 @@ class ScoredGroup:
     advantages: torch.Tensor  # [n] float
 
 
+#: the per-row tensor fields of :class:`PolicyBatch` that only some objectives read (``None`` otherwise)
+OPTIONAL_ROW_FIELDS = ("gen_logp", "source_mean_logp", "cap_ratio")
+
+
 @dataclass
 class PolicyBatch:
     """A policy's training batch in the policy's own tokenization.
@@ -130,7 +149,10 @@ class PolicyBatch:
     is_peer: torch.Tensor  # [B] bool, response came from another policy
     prompt_ids: list[int] = field(default_factory=list)  # B prompt ids (identity, for ordering and logging)
     needs_old_logp: torch.Tensor | None = None  # [B] bool: the receiver recomputes old_logp before the update
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # per-row [B] inputs of a regime's objective
+    # inputs only some objectives read (None when the plan's objective does not take them):
+    gen_logp: torch.Tensor | None = None  # [B, T] float, the generator's trace of peer rows (F-TIS; 0 on own rows)
+    source_mean_logp: torch.Tensor | None = None  # [B] float, mean log-prob of each peer row under its source (HACPO)
+    cap_ratio: torch.Tensor | None = None  # [B] float, the receiver's over the row's source's capability (HACPO)
 
     def __post_init__(self):
         if self.needs_old_logp is None:
@@ -144,7 +166,7 @@ class PolicyBatch:
         return self.response_mask.shape[1]
 
     def to(self, device: torch.device | str) -> PolicyBatch:
-        """The same rows with every tensor field (``needs_old_logp`` and ``extras`` included) on ``device``: a new
+        """The same rows with every tensor field (``needs_old_logp`` and the optional ones included) on ``device``: a new
         batch (tensors already on ``device`` are shared, not copied)."""
         return PolicyBatch(
             input_ids=self.input_ids.to(device),
@@ -156,7 +178,7 @@ class PolicyBatch:
             is_peer=self.is_peer.to(device),
             prompt_ids=list(self.prompt_ids),
             needs_old_logp=self.needs_old_logp.to(device),
-            extras={k: v.to(device) for k, v in self.extras.items()},
+            **{k: None if getattr(self, k) is None else getattr(self, k).to(device) for k in OPTIONAL_ROW_FIELDS},
         )
 
     def select(self, rows: torch.Tensor | list[int]) -> PolicyBatch:
@@ -172,5 +194,89 @@ class PolicyBatch:
             is_peer=self.is_peer[idx],
             prompt_ids=[self.prompt_ids[i] for i in idx.tolist()],
             needs_old_logp=self.needs_old_logp[idx],
-            extras={k: v[idx] for k, v in self.extras.items()},
+            **{k: None if getattr(self, k) is None else getattr(self, k)[idx] for k in OPTIONAL_ROW_FIELDS},
         )
+
+
+@dataclass
+class NLLTerm:
+    """An extra supervised term ``coef · mean_rows[(1/|o|) Σ_t −log π(o_t | q, o_<t)]`` (SGT).
+
+    ``mini_batches[i]`` lists the rows of ``batch`` whose NLL is added to the plan's ``i``-th mini-batch
+    (one list per plan mini-batch; the mean is over the rows of that mini-batch).
+    """
+
+    batch: PolicyBatch
+    mini_batches: list[list[int]]
+    coef: float
+
+
+@dataclass
+class TrainingPlan:
+    """What one receiver trains on this step.
+
+    ``flows[source]`` accounts for every peer response delivered to this receiver: ``{"consumed": n,
+    "<drop reason>": m, ...}`` in units of responses (the exchange checks that nothing is lost).
+    ``objective`` names the loss (``policies.objectives`` registry) and ``objective_kwargs`` its scalars.
+    ``crossed`` lists the peer responses this plan carried into the receiver's tokenization (THL), for the
+    residual report; ``None`` for a regime that crosses no text.
+    """
+
+    batch: PolicyBatch
+    mini_batches: list[list[int]]  # row indices of each mini-batch, in execution order
+    metrics: dict[str, float] = field(default_factory=dict)
+    flows: dict[str, dict[str, int]] = field(default_factory=dict)
+    objective: str = "dapo"
+    objective_kwargs: dict = field(default_factory=dict)
+    nll: NLLTerm | None = None
+    crossed: list | None = None
+
+
+def collate(
+    rollouts: Sequence[Rollout | CrossedRollout],
+    advantages: Sequence[float] | torch.Tensor,
+    pad_id: int,
+    weights: Sequence[float] | torch.Tensor | None = None,
+    is_peer: Sequence[bool] | None = None,
+    needs_old_logp: Sequence[bool] | torch.Tensor | None = None,
+    **optional: torch.Tensor | None,
+) -> PolicyBatch:
+    """Rows in the order given; ``old_logp`` is each own rollout's ``logp`` (the sampler's trace) and each crossed
+    rollout's ``old_logp`` (the behaviour log-probs its regime set; zeros when ``None``).
+
+    ``is_peer`` defaults to "is a :class:`CrossedRollout`"; ``needs_old_logp`` defaults to "is a crossed
+    rollout whose ``old_logp`` is ``None``" (the receiver must recompute its own old log-probs for it).
+    """
+    n = len(rollouts)
+    if n == 0:
+        raise ValueError("cannot collate an empty list of rollouts")
+    width_p = max(len(r.prompt_ids) for r in rollouts)
+    width_t = max(max(len(r.response_ids) for r in rollouts), 1)
+    ids = torch.full((n, width_p + width_t), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width_p + width_t), dtype=torch.long)
+    mask = torch.zeros((n, width_t))
+    old = torch.zeros((n, width_t))
+    for i, r in enumerate(rollouts):
+        p, t = len(r.prompt_ids), len(r.response_ids)
+        ids[i, width_p - p : width_p] = r.prompt_ids
+        ids[i, width_p : width_p + t] = r.response_ids
+        attn[i, width_p - p : width_p + t] = 1
+        mask[i, :t] = 1.0
+        behaviour = r.old_logp if isinstance(r, CrossedRollout) else r.logp
+        if behaviour is not None:
+            old[i, :t] = behaviour.float()
+    return PolicyBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        response_mask=mask,
+        old_logp=old,
+        advantages=torch.as_tensor(advantages, dtype=torch.float32).reshape(n),
+        weights=torch.ones(n) if weights is None else torch.as_tensor(weights, dtype=torch.float32).reshape(n),
+        is_peer=torch.tensor([isinstance(r, CrossedRollout) for r in rollouts], dtype=torch.bool)
+        if is_peer is None else torch.as_tensor(is_peer, dtype=torch.bool),
+        prompt_ids=[r.prompt_id for r in rollouts],
+        needs_old_logp=torch.tensor([isinstance(r, CrossedRollout) and r.old_logp is None for r in rollouts],
+                                    dtype=torch.bool)
+        if needs_old_logp is None else torch.as_tensor(needs_old_logp, dtype=torch.bool),
+        **optional,
+    )

@@ -22,7 +22,7 @@ def batch(is_peer, extras=None):
     n = len(is_peer)
     return PolicyBatch(input_ids=torch.zeros(n, 4, dtype=torch.long), attention_mask=torch.ones(n, 4, dtype=torch.long),
                        response_mask=MASK[:n], old_logp=OLD[:n], advantages=torch.tensor([1.0, -1.0, 1.0, -1.0])[:n],
-                       weights=torch.ones(n), is_peer=is_peer, prompt_ids=list(range(n)), extras=extras or {})
+                       weights=torch.ones(n), is_peer=is_peer, prompt_ids=list(range(n)), **(extras or {}))
 
 
 def run(name, sub, **kw):
@@ -42,9 +42,9 @@ def test_dapo_without_peers_self_equals_all_rows():
 
 @pytest.mark.parametrize("name,kw,extras", [
     ("dapo", {}, None),
-    ("prp_tis", {"is_cap": 2.0}, {"tis": PEER.float()}),
-    ("hacpo", {"lower": 0.8}, {"src_mean_logp": torch.tensor([0.0, 0.0, -8.5, -7.0]), "cap_ratio": torch.ones(4)}),
-    ("ftis", {"is_cap": 2.0}, {"tis": PEER.float(), "gen_logp": OLD - 0.5}),  # old_logp: π_R,old of peer rows
+    ("prp_tis", {"is_cap": 2.0}, None),
+    ("hacpo", {"lower": 0.8}, {"source_mean_logp": torch.tensor([0.0, 0.0, -8.5, -7.0]), "cap_ratio": torch.ones(4)}),
+    ("ftis", {"is_cap": 2.0}, {"gen_logp": OLD - 0.5}),  # old_logp: π_R,old of peer rows
 ])
 def test_self_approx_kl_is_own_rows_only(name, kw, extras):
     m = run(name, batch(PEER, extras), **kw)

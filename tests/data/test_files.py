@@ -3,7 +3,7 @@ import json
 import pytest
 
 from mutual_rl.data.files import load_problems
-from mutual_rl.data.task import Problem
+from mutual_rl.types import Problem
 
 
 def _write_jsonl(path, rows):

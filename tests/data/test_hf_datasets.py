@@ -10,7 +10,7 @@ import pytest
 from mutual_rl.data.datamodule import PromptDataModule
 from mutual_rl.data.files import load_problems
 from mutual_rl.data.hf_datasets import HFDataset, load_dataset_problems
-from mutual_rl.data.task import Problem
+from mutual_rl.types import Problem
 
 datasets = pytest.importorskip("datasets")
 

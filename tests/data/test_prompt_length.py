@@ -11,9 +11,10 @@ from mutual_rl.data.prompt_length import (
     context_length,
     count_prompt_tokens,
 )
-from mutual_rl.data.task import ArithmeticTask, Problem
+from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.policies.policy import build_policy
 from mutual_rl.policies.spec import PolicySpec, SamplingSpec, WarmStart
+from mutual_rl.types import Problem
 
 
 def _policy(name: str, model: str, max_new_tokens: int = 6):

@@ -3,7 +3,8 @@ import time
 
 import pytest
 
-from mutual_rl.data.task import ArithmeticTask, Problem
+from mutual_rl.data.task import ArithmeticTask
+from mutual_rl.types import Problem
 
 
 def test_problem_text_answer_and_id():

@@ -3,9 +3,10 @@ import re
 
 import pytest
 
-from mutual_rl.data.task import BOXED_TEMPLATE, INTEGER_TEMPLATE, ArithmeticTask, Problem
+from mutual_rl.data.task import BOXED_TEMPLATE, INTEGER_TEMPLATE, ArithmeticTask
 from mutual_rl.data.word_problems import TEMPLATE, WordProblemTask
 from mutual_rl.rewards import boxed_integer_match, integer_match
+from mutual_rl.types import Problem
 
 TASK = {"operators": ["+", "-", "*"], "digits": 2, "num_train": 900, "num_heldout": 50}
 CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"

@@ -10,9 +10,9 @@ import time
 import pytest
 
 from mutual_rl.data import word_problems
-from mutual_rl.data.task import Problem
 from mutual_rl.data.word_problems import FAMILIES, WordProblemTask, decode_id
 from mutual_rl.rewards import boxed_integer_match, integer_match
+from mutual_rl.types import Problem
 
 # Independent answers from the numbers in text order (the module docstring's table).
 ANSWER = {

@@ -22,7 +22,6 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mutual_rl.data.task import ArithmeticTask  # noqa: E402
-from mutual_rl.policies.batch import collate  # noqa: E402
 from mutual_rl.policies.policy import build_policy  # noqa: E402
 from mutual_rl.policies.scoring import score_groups  # noqa: E402
 from mutual_rl.policies.spec import SamplingSpec  # noqa: E402
@@ -30,6 +29,7 @@ from mutual_rl.policies.update import GRPOConfig, update_policy  # noqa: E402
 from mutual_rl.regimes.base import NLLTerm, TrainingPlan, split_rows  # noqa: E402
 from mutual_rl.rollout.hf import HFRolloutEngine  # noqa: E402
 from mutual_rl.strategies import clean_name, shard_model  # noqa: E402
+from mutual_rl.types import collate  # noqa: E402
 from tests.trainer.helpers import TASK, spec  # noqa: E402
 
 PROMPTS_PER_RANK, N, LR = 4, 4, 0.5

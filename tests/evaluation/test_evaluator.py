@@ -11,13 +11,14 @@ import pytest
 import torch
 
 import mutual_rl.evaluation.validation as validation
-from mutual_rl.data.task import ArithmeticTask, Problem
+from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.evaluation import EvalConfig, Evaluator, evaluate_file, greedy_generate
 from mutual_rl.evaluation.greedy import decode_completion
 from mutual_rl.policies.policy import build_policy
 from mutual_rl.policies.spec import SamplingSpec
 from mutual_rl.rewards import integer_match
 from mutual_rl.rollout.hf import HFRolloutEngine
+from mutual_rl.types import Problem
 from tests.trainer.helpers import TASK, spec
 
 PROBLEMS = [Problem(1, "2+3=", "5", "add"), Problem(2, "7-4=", "3", "sub")]

@@ -19,12 +19,13 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from mutual_rl.data.task import ArithmeticTask, Problem
+from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.evaluation.validation import EvalConfig
 from mutual_rl.module import MutualRLModule
 from mutual_rl.policies.policy import build_policy
 from mutual_rl.policies.spec import SamplingSpec
 from mutual_rl.policies.update import GRPOConfig
+from mutual_rl.types import Problem
 from tests.trainer.helpers import TASK, RecordMetrics, datamodule, spec
 
 ON_CPU = os.environ.get("MUTUAL_RL_GPU_TESTS_ON_CPU") == "1"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mutual_rl.regimes.base import TrainingPlan
-from mutual_rl.types import ScoredGroup
+from mutual_rl.types import ScoredGroup, TrainingPlan
 
 
 def delivered(peers: dict[str, list[ScoredGroup]]) -> dict[str, int]:

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from mutual_rl.exchange import TraceRecord, trace_records
-from mutual_rl.policies.batch import collate
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
+from mutual_rl.types import collate
 from tests.regimes.scenario import FakeReceiver, make_group
 
 TRACE = [-0.1, -0.3, -0.2, -0.4, -0.6, -0.8]  # bpe '1','2',' ','3','4',EOS of "12 34"

@@ -116,7 +116,7 @@ def tiny_batch():
         input_ids=torch.zeros(3, 5, dtype=torch.long), attention_mask=torch.ones(3, 5, dtype=torch.long),
         response_mask=full_mask, old_logp=full_old, advantages=torch.tensor([-1.0, 1.5, -2.0]), weights=torch.ones(3),
         is_peer=torch.tensor([False, True, True]), prompt_ids=[0, 0, 0],
-        extras={"tis": torch.tensor([0.0, 1.0, 1.0]), "gen_logp": torch.cat([torch.zeros(1, 3), gen])},
+        gen_logp=torch.cat([torch.zeros(1, 3), gen]),
     )
     return batch, full_old.clone()
 
@@ -183,10 +183,10 @@ def test_plan_filters_the_off_policy_negative_sample():
     assert_partition(plan)
     assert b.is_peer.tolist() == [False, False, True] and b.needs_old_logp.tolist() == [False] * 3
     torch.testing.assert_close(b.advantages, torch.tensor([-0.25, -0.25, 0.75]) / (0.5 + EPS), rtol=0, atol=1e-7)
-    torch.testing.assert_close(b.extras["gen_logp"][2, :6], torch.tensor([-0.1, -0.3, -0.2, -0.4, -0.6, -0.8]))
-    assert b.extras["gen_logp"][:2].eq(0).all()
+    torch.testing.assert_close(b.gen_logp[2, :6], torch.tensor([-0.1, -0.3, -0.2, -0.4, -0.6, -0.8]))
+    assert b.gen_logp[:2].eq(0).all()
     torch.testing.assert_close(b.old_logp[2, :6], torch.full((6,), -3.0))  # π_R,old, never recomputed
-    assert b.extras["tis"].tolist() == [0.0, 0.0, 1.0]
+    assert b.is_peer.tolist() == [False, False, True]
     assert plan.objective == "ftis" and plan.objective_kwargs == {"is_cap": 1.5}
     assert len(plan.crossed) == 2  # both were crossed (residual report), one trained
     assert plan.metrics == {
@@ -212,12 +212,12 @@ def test_shared_vocabulary_uses_the_peer_trace_directly_and_word_alignment_other
     peers = {"s": [make_group("s", 0, [1], kind="bpe", texts=["hello world"], logps=[trace])]}
     own = [make_group("r", 0, [0], kind="bpe")]
     plan = get_regime("ftis", granularity="word", kl_threshold=None).plan(same, own, peers, 1)
-    torch.testing.assert_close(plan.batch.extras["gen_logp"][1, :11], torch.tensor(trace), rtol=0, atol=0)  # as is
+    torch.testing.assert_close(plan.batch.gen_logp[1, :11], torch.tensor(trace), rtol=0, atol=0)  # as is
     # a char receiver: "hello" + " world" + EOS in word groups, each group's mass spread over its char tokens
     char = FakeReceiver("r")
     plan = get_regime("ftis", granularity="word", kl_threshold=None).plan(char, [make_group("r", 0, [0])], peers, 1)
     hello, world = sum(trace[:4]) / 5, sum(trace[4:]) / 7  # 'he' (2 chars) + l + l + o; ' world' + EOS
-    torch.testing.assert_close(plan.batch.extras["gen_logp"][1, :12], torch.tensor([hello] * 5 + [world] * 7))
+    torch.testing.assert_close(plan.batch.gen_logp[1, :12], torch.tensor([hello] * 5 + [world] * 7))
 
 
 def test_source_advantages_and_no_peers():
@@ -230,7 +230,7 @@ def test_source_advantages_and_no_peers():
     torch.testing.assert_close(plan.batch.advantages, torch.tensor([0.0, 0.0, 0.3, -0.7]))
     base = get_regime("none").plan(recv, own, {}, 2)
     plan = get_regime("ftis").plan(recv, own, {}, 2)
-    assert plan.objective == "dapo" and plan.flows == {} and plan.batch.extras == {}
+    assert plan.objective == "dapo" and plan.flows == {} and plan.batch.gen_logp is None
     assert torch.equal(plan.batch.input_ids, base.batch.input_ids) and plan.mini_batches == base.mini_batches
     assert "ftis/peer_kl_mean" not in plan.metrics and plan.metrics["ftis/peer_rows"] == 0.0
 
@@ -290,7 +290,7 @@ def test_update_on_a_tiny_policy_and_micro_batches_change_nothing():
     assert any(not torch.equal(a, b) for a, b in zip(after, before))
     assert m["peer/ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # old_logp = π_R,old of this step
     b = plan.batch.select([2, 3])
-    w = torch.exp(b.old_logp - b.extras["gen_logp"]).clamp(max=2.0)
+    w = torch.exp(b.old_logp - b.gen_logp).clamp(max=2.0)
     assert m["peer/is_weight_mean"] == pytest.approx(float((w * b.response_mask).sum() / b.response_mask.sum()),
                                                      rel=1e-5)
     # the same update in micro-batches of one row: the same weights after the step

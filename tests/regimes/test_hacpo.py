@@ -55,7 +55,7 @@ def test_advantages_hand_values():
 
 
 # ------------------------------------------------------------------------------------------ plan
-def test_plan_pooled_advantages_extras_flows_metrics():
+def test_plan_pooled_advantages_row_inputs_flows_metrics():
     recv = FakeReceiver("r")
     own = [make_group("r", 0, [1, 0]), make_group("r", 1, [0, 0])]  # P_r = 1/4
     peers = {"s": [make_group("s", 0, [1, 1], kind="bpe"), make_group("s", 1, [1, 0], kind="bpe"),
@@ -75,8 +75,8 @@ def test_plan_pooled_advantages_extras_flows_metrics():
     den = 0.5 + 1e-6
     expected = torch.tensor([0.5, -0.5, 0.5, 0.5, -0.125, -0.125, 0.875, -0.125]) / den
     torch.testing.assert_close(b.advantages, expected, rtol=0, atol=1e-6)
-    assert torch.equal(b.extras["cap_ratio"], torch.tensor([1.0, 1.0, 0.5, 0.5] * 2))
-    assert torch.equal(b.extras["src_mean_logp"][b.is_peer], torch.full((4,), -0.5))
+    assert torch.equal(b.cap_ratio, torch.tensor([1.0, 1.0, 0.5, 0.5] * 2))
+    assert torch.equal(b.source_mean_logp[b.is_peer], torch.full((4,), -0.5))
     assert plan.mini_batches == [[0, 1, 2, 3], [4, 5, 6, 7]]
     m = plan.metrics
     assert m["capability/r"] == 0.25 and m["capability/s"] == 0.5 and m["cap_ratio/s"] == 0.5
@@ -126,7 +126,7 @@ def _batch(old, adv, is_peer, src, cap, mask):
     return PolicyBatch(
         input_ids=torch.zeros(b, t + 1, dtype=torch.long), attention_mask=torch.ones(b, t + 1, dtype=torch.long),
         response_mask=mask, old_logp=old, advantages=adv, weights=torch.ones(b), is_peer=is_peer,
-        prompt_ids=list(range(b)), extras={"src_mean_logp": src, "cap_ratio": cap},
+        prompt_ids=list(range(b)), source_mean_logp=src, cap_ratio=cap,
     )
 
 

@@ -50,7 +50,7 @@ def test_learner_snapshot_pooled_advantages_and_rows():
         assert b.input_ids[row, b.input_ids.shape[1] - b.response_width - len(p):
                            b.input_ids.shape[1] - b.response_width].tolist() == p
     assert b.prompt_ids == [0, 0, 0, 0]
-    assert plan.objective == "dapo" and plan.objective_kwargs == {} and b.extras == {}
+    assert plan.objective == "dapo" and plan.objective_kwargs == {} and b.gen_logp is None and b.cap_ratio is None
     assert_flows(plan, peers, {"s": {"consumed": 2}})
     assert plan.metrics == {"prp/peer_rows": 2.0, "prp/peer_frac": 0.5, "prp/pool_size": 4.0,
                             "prp/peer_adv_mean": pytest.approx(0.25 / (0.5 + EPS), abs=1e-7)}
@@ -67,8 +67,8 @@ def test_peer_aligned_rows_carry_the_aligned_trace():
     torch.testing.assert_close(b.old_logp[2, :6], torch.tensor([-0.2, -0.2, -0.5, -0.5, -0.5, -0.5]))
     torch.testing.assert_close(b.old_logp[3, :3], torch.tensor([-2.0, -2.0, -2.0]))
     assert b.old_logp[3, 3:].eq(0).all()
-    assert b.extras["tis"].tolist() == [0.0, 0.0, 1.0, 1.0]
-    assert set(b.extras) == {"tis"}  # the aligned trace is the peer rows' old_logp, kept by the update
+    assert b.is_peer.tolist() == [False, False, True, True]  # the rows prp_tis treats as peer rows
+    assert (b.gen_logp, b.source_mean_logp, b.cap_ratio) == (None, None, None)  # the trace is their old_logp
     assert plan.objective == "prp_tis" and plan.objective_kwargs == {"is_cap": 3.0}
     # span granularity: "12"+" "+"34" per character, identical spans -> the source trace unchanged
     plan = get_regime("prp", denominator="peer_aligned", granularity="span").plan(recv, own, peers, 1)
@@ -135,7 +135,7 @@ def tiny_batch(agg_rows=2, T=3):
         input_ids=torch.zeros(2, 5, dtype=torch.long), attention_mask=torch.ones(2, 5, dtype=torch.long),
         response_mask=mask, old_logp=torch.tensor([[-0.7, -0.2, 0.0], [-1.0, -1.0, -0.5]]),  # row 1: ℓ̃
         advantages=torch.tensor([-1.0, 2.0]), weights=torch.ones(2), is_peer=torch.tensor([False, True]),
-        prompt_ids=[0, 0], extras={"tis": torch.tensor([0.0, 1.0])},
+        prompt_ids=[0, 0],
     )
     return batch, logp0
 
@@ -208,7 +208,7 @@ def test_prp_tis_is_micro_batch_invariant(agg):
 @pytest.mark.parametrize("denominator", ["learner_snapshot", "peer_aligned"])
 def test_update_on_a_tiny_policy(denominator):
     """The plan runs through ``update_policy``; learner_snapshot peer ratios are 1 at the first mini-batch, and
-    with ``old_logp = recompute`` peer_aligned still uses the aligned trace (extras), not π_R,old."""
+    with ``old_logp = recompute`` peer_aligned still uses the aligned trace (peer rows), not π_R,old."""
     from mutual_rl.policies.policy import build_policy
     from mutual_rl.policies.spec import PolicySpec, WarmStart
     from mutual_rl.policies.update import update_policy

@@ -26,12 +26,12 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 import mutual_rl.evaluation.validation as validation
 from mutual_rl.callbacks.checkpointing import AtomicCheckpointIO
 from mutual_rl.cli import build_cli, main
-from mutual_rl.data.task import Problem
 from mutual_rl.evaluation import EvalConfig, Evaluator
 from mutual_rl.exchange import ExperienceExchange
 from mutual_rl.module import MutualRLModule
 from mutual_rl.policies.spec import SamplingSpec
 from mutual_rl.rewards import integer_match
+from mutual_rl.types import Problem
 from tests.trainer.helpers import datamodule, module, pair, spec, trainer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mutual_rl.data.task import Problem
 from mutual_rl.evaluation import EvalConfig, Evaluator
 from mutual_rl.policies.scoring import score_groups
 from mutual_rl.policies.spec import PolicySpec, SamplingSpec, WarmStart
@@ -25,7 +24,7 @@ from mutual_rl.rewards import (
     reward_style,
 )
 from mutual_rl.rewards.base import available_rewards
-from mutual_rl.types import Rollout
+from mutual_rl.types import Problem, Rollout
 from tests.trainer.helpers import RecordMetrics
 
 CALLS: list[dict] = []  # what the registered TRL-style rewards below were called with

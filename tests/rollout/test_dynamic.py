@@ -10,9 +10,8 @@ import pytest
 import torch
 
 import mutual_rl.rollout.dynamic as dyn
-from mutual_rl.data.task import Problem
 from mutual_rl.rewards import RewardError
-from mutual_rl.types import PromptBatch, ScoredGroup
+from mutual_rl.types import Problem, PromptBatch, ScoredGroup
 
 POOL = [Problem(i, f"{i}+0=", str(i)) for i in range(40)]
 DM = SimpleNamespace(train_problems=lambda: POOL, seed=7)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mutual_rl.data.task import ArithmeticTask, Problem
-from mutual_rl.policies.batch import collate
+from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.policies.policy import build_policy
 from mutual_rl.policies.spec import SamplingSpec
 from mutual_rl.rollout.hf import HFRolloutEngine
+from mutual_rl.types import Problem, collate
 from tests.trainer.helpers import TASK, spec
 
 # prompts of different lengths, so left padding matters

@@ -10,11 +10,12 @@ from types import SimpleNamespace as NS
 import pytest
 import torch
 
-from mutual_rl.data.task import ArithmeticTask, Problem
+from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.policies.policy import build_policy
 from mutual_rl.rollout import get_engine
 from mutual_rl.rollout import vllm as V
 from mutual_rl.rollout import vllm_sync as S
+from mutual_rl.types import Problem
 from tests.trainer.helpers import TASK, spec
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None

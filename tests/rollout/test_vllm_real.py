@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from mutual_rl.data.task import ArithmeticTask, Problem
+from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.policies.policy import build_policy
 from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.types import Problem
 from tests.trainer.helpers import TASK, datamodule, spec, trainer
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None

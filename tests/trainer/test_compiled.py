@@ -9,11 +9,11 @@ import dataclasses
 import pytest
 import torch
 
-from mutual_rl.data.task import ArithmeticTask, Problem
-from mutual_rl.policies.batch import collate
+from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.policies.compiled import training_model
 from mutual_rl.policies.policy import build_policy
 from mutual_rl.rollout.hf import HFRolloutEngine
+from mutual_rl.types import Problem, collate
 from tests.trainer.helpers import TASK, spec
 from tests.trainer.test_shared_prompts import PROBLEMS, logp_entropy_and_grads
 

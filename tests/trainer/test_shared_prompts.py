@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mutual_rl.data.task import ArithmeticTask, Problem
-from mutual_rl.policies.batch import collate
+from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.policies.policy import build_policy
 from mutual_rl.rollout.hf import HFRolloutEngine
+from mutual_rl.types import Problem, collate
 from tests.trainer.helpers import TASK, spec
 
 PROBLEMS = [Problem(1, "3+4=", "7", "add"), Problem(2, "12+34=", "46", "add"), Problem(3, "99-9=", "90", "sub")]

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from mutual_rl.data.task import ArithmeticTask
-from mutual_rl.policies.batch import collate
 from mutual_rl.policies.policy import build_policy
 from mutual_rl.policies.update import GRPOConfig, update_policy
-from mutual_rl.regimes.base import TrainingPlan, split_rows
+from mutual_rl.regimes.base import split_rows
 from mutual_rl.rollout.hf import HFRolloutEngine
+from mutual_rl.types import TrainingPlan, collate
 from tests.trainer.helpers import TASK, spec
 
 

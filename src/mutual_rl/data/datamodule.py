@@ -26,9 +26,9 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from mutual_rl.data.files import compile_answer_regex, load_problems
 from mutual_rl.data.hf_datasets import HFDataset, as_hf_dataset, load_dataset_problems
-from mutual_rl.data.task import ArithmeticTask, Problem
+from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.data.word_problems import WordProblemTask
-from mutual_rl.types import PromptBatch
+from mutual_rl.types import Problem, PromptBatch
 
 
 class _PromptStream(IterableDataset):

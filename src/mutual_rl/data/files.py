@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mutual_rl.data.task import Problem
+from mutual_rl.types import Problem
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".json", ".parquet")
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mutual_rl.data.files import compile_answer_regex, row_problem
-from mutual_rl.data.task import Problem
+from mutual_rl.types import Problem
 
 BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 """Data-file suffix -> the ``datasets`` builder that reads it."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from mutual_rl.data.task import Problem
+from mutual_rl.types import Problem
 
 log = logging.getLogger(__name__)
 

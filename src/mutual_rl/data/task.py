@@ -1,4 +1,4 @@
-"""Problem record and the built-in verifiable task: integer arithmetic ``"12+34="`` -> ``"46"``.
+"""The built-in verifiable task: integer arithmetic ``"12+34="`` -> ``"46"``.
 
 Problem space of one operator: all ordered pairs ``(a, b)`` whose operands each have a digit count in
 ``digits`` (a 1-digit operand is 0..9, a d-digit one 10**(d-1)..10**d - 1); for ``"-"`` with
@@ -47,7 +47,9 @@ import math
 import operator as _op
 import random
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
+
+from mutual_rl.types import Problem
 
 log = logging.getLogger(__name__)
 
@@ -63,19 +65,6 @@ INTEGER_TEMPLATE = "{problem} Answer with only the number."
 """Recommended ``prompt_template`` for question-style problems with ``answer_format: integer``."""
 
 
-@dataclass(frozen=True)
-class Problem:
-    """One prompt: ``problem`` text, gold ``answer`` text, and the ``skill`` it exercises (may be ``""``).
-
-    ``columns``: the other fields of the dataset row it came from (name -> value), which TRL-style rewards get as
-    keyword arguments; ``None`` for generated tasks. Not part of equality or the hash.
-    """
-
-    prompt_id: int
-    problem: str
-    answer: str
-    skill: str = ""
-    columns: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
 
 def _operands(digits: list[int]) -> list[int]:

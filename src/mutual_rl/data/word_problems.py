@@ -49,7 +49,8 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Literal
 
-from mutual_rl.data.task import Problem, seeded_splits, select_split
+from mutual_rl.data.task import seeded_splits, select_split
+from mutual_rl.types import Problem
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mutual_rl.data.files import load_problems
-from mutual_rl.data.task import Problem
 from mutual_rl.evaluation.validation import EvalConfig, Evaluator
 from mutual_rl.rewards import get_reward
+from mutual_rl.types import Problem
 
 
 def evaluate_problems(

@@ -78,15 +78,15 @@ def split_metrics(logp, sub, max_len, **loss) -> dict[str, torch.Tensor]:
 
 
 def split_own_peer(sub, token_count, num_seqs):
-    """``(token_count, num_seqs, own_rows, peer_rows)`` of a micro-batch whose peer rows have
-    ``sub.extras["tis"] > 0``; missing normalisers become this call's own counts over all its rows."""
+    """``(token_count, num_seqs, own_rows, peer_rows)`` of a micro-batch (peer rows: ``sub.is_peer``); missing
+    normalisers become this call's own counts over all its rows."""
     mask = sub.response_mask
     if token_count is None:
         token_count = mask.sum()
     if num_seqs is None:
         num_seqs = int((mask.sum(-1) > 0).sum())
-    tis = sub.extras["tis"] > 0
-    return token_count, num_seqs, (~tis).nonzero().squeeze(-1), tis.nonzero().squeeze(-1)
+    peer = sub.is_peer
+    return token_count, num_seqs, (~peer).nonzero().squeeze(-1), peer.nonzero().squeeze(-1)
 
 
 @register_objective("dapo")
@@ -113,7 +113,7 @@ def prp_tis(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind,
     """PRP ``peer_aligned`` (docs/methods.md §5.2): DAPO on own rows + truncated IS
     (:func:`~mutual_rl.algorithms.importance.truncated_is_loss`) against the aligned peer trace on peer rows.
 
-    Rows with ``sub.extras["tis"] > 0`` use their ``old_logp`` (the aligned peer trace) as behaviour log-probs;
+    Peer rows (``sub.is_peer``) use their ``old_logp`` (the aligned peer trace) as behaviour log-probs;
     the two parts share the global normalisers, so the sum is micro-batch invariant.
     """
     token_count, num_seqs, own_rows, peer_rows = split_own_peer(sub, token_count, num_seqs)
@@ -157,7 +157,7 @@ def hacpo(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind, t
           lower_per_update: int = 1, alpha: float = 1.0, self_clip_low: float = 3e-4, self_clip_high: float = 4e-4,
           log_ratio_clamp: float = 10.0, kl_peer_rows: bool = False):
     """HACPO's sequence-level objective (docs/methods.md §5.6,
-    :func:`~mutual_rl.algorithms.hacpo.hacpo_sequence_loss`); needs extras ``src_mean_logp`` and ``cap_ratio``.
+    :func:`~mutual_rl.algorithms.hacpo.hacpo_sequence_loss`); needs the batch's ``source_mean_logp`` and ``cap_ratio``.
     ``num_seqs`` is the mini-batch's sequence count (micro-batch invariant). The DAPO clip bounds, ``agg``,
     ``token_count`` and ``max_len`` do not apply (HACPO clips sequence ratios with its own bounds and takes a
     sequence mean).
@@ -169,8 +169,8 @@ def hacpo(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind, t
     if lower is None:
         lower = lower_bound(lower_m0 + lower_per_update * update_index, lower_start, lower_slope)
     loss, metrics = hacpo_sequence_loss(
-        logp, sub.response_mask, sub.old_logp, sub.extras["src_mean_logp"], sub.advantages, sub.is_peer,
-        sub.extras["cap_ratio"], lower=lower, num_seqs=num_seqs, alpha=alpha, self_clip_low=self_clip_low,
+        logp, sub.response_mask, sub.old_logp, sub.source_mean_logp, sub.advantages, sub.is_peer,
+        sub.cap_ratio, lower=lower, num_seqs=num_seqs, alpha=alpha, self_clip_low=self_clip_low,
         self_clip_high=self_clip_high, log_ratio_clamp=log_ratio_clamp, ref_logp=ref_logp, kl_coef=kl_coef,
         kl_kind=kl_kind, kl_peer_rows=kl_peer_rows,
     )
@@ -187,8 +187,8 @@ def ftis(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind, to
     """F-TIS (docs/methods.md §5.7): DAPO on own rows + the truncated-IS-weighted clipped surrogate
     (:func:`~mutual_rl.algorithms.ftis.ftis_loss`) on peer rows.
 
-    Rows with ``sub.extras["tis"] > 0`` are peer rows: their ``old_logp`` is the receiver's ``π_R,old`` and
-    ``sub.extras["gen_logp"]`` (``[b, T]``) the generator's trace; the weight is ``min(π_R,old / π_gen, is_cap)``.
+    Peer rows (``sub.is_peer``): their ``old_logp`` is the receiver's ``π_R,old`` and ``sub.gen_logp``
+    (``[b, T]``) the generator's trace; the weight is ``min(π_R,old / π_gen, is_cap)``.
     Both parts share the global normalisers (this call's own counts over *all* its rows when none are given), so
     the sum is micro-batch invariant. The KL penalty covers every row. ``approx_kl`` (all rows) and its parts
     ``self/approx_kl`` / ``peer/approx_kl`` are k3 to ``π_R,old``.
@@ -209,7 +209,7 @@ def ftis(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind, to
     if len(peer_rows):
         part = sub.select(peer_rows)
         peer_loss, m = ftis_loss(
-            logp[peer_rows], part.old_logp, part.extras["gen_logp"], part.advantages, part.response_mask,
+            logp[peer_rows], part.old_logp, part.gen_logp, part.advantages, part.response_mask,
             is_cap=is_cap, **clip, weights=part.weights, max_len=max_len, token_count=token_count,
             num_seqs=num_seqs, ref_logp=ref_logp[peer_rows] if ref_logp is not None else None,
         )

@@ -7,9 +7,8 @@ from collections.abc import Sequence
 import torch
 
 from mutual_rl.algorithms import group_outcome_stats, grpo_advantages
-from mutual_rl.data.task import Problem
 from mutual_rl.rewards.combined import Reward, as_reward
-from mutual_rl.types import Rollout, ScoredGroup
+from mutual_rl.types import Problem, Rollout, ScoredGroup
 
 
 def score_groups(

@@ -27,9 +27,8 @@ import torch
 from mutual_rl.algorithms import masked_mean, zero_advantage_skip_mask
 from mutual_rl.policies.lockstep import in_lockstep, max_over_ranks, padded, sum_over_ranks, world_size
 from mutual_rl.policies.objectives import get_objective
-from mutual_rl.regimes.base import NLLTerm, TrainingPlan
 from mutual_rl.strategies import clip_grad_norm_
-from mutual_rl.types import PolicyBatch
+from mutual_rl.types import NLLTerm, PolicyBatch, TrainingPlan
 
 
 @dataclass

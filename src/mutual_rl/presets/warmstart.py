@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from mutual_rl.data.task import Problem
 from mutual_rl.policies.spec import WarmStart
+from mutual_rl.types import Problem
 
 
 def select_problems(problems: Sequence[Problem], spec: WarmStart) -> list[Problem]:

@@ -6,22 +6,14 @@ modules); :func:`get_regime` resolves a name.
 
 import inspect
 
-from mutual_rl.regimes.base import (
-    _REGIMES,
-    NLLTerm,
-    NoSharing,
-    Regime,
-    TrainingPlan,
-    own_batch,
-    register_regime,
-    split_rows,
-)
+from mutual_rl.regimes.base import _REGIMES, NoSharing, Regime, own_batch, register_regime, split_rows
 from mutual_rl.regimes.ftis import FTIS
 from mutual_rl.regimes.graft import GRAFT
 from mutual_rl.regimes.hacpo import HACPO
 from mutual_rl.regimes.prp import PRP
 from mutual_rl.regimes.sgt import SGT
 from mutual_rl.regimes.xgrpo import XGRPO
+from mutual_rl.types import NLLTerm, TrainingPlan
 
 
 def get_regime(name: str, **kwargs) -> Regime:

@@ -8,46 +8,11 @@ callbacks (docs/design.md, "Decisions"); anything that crosses tokenizers goes t
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from mutual_rl.policies.batch import collate
-from mutual_rl.types import PolicyBatch, ScoredGroup
-
-
-@dataclass
-class NLLTerm:
-    """An extra supervised term ``coef · mean_rows[(1/|o|) Σ_t −log π(o_t | q, o_<t)]`` (SGT).
-
-    ``mini_batches[i]`` lists the rows of ``batch`` whose NLL is added to the plan's ``i``-th mini-batch
-    (one list per plan mini-batch; the mean is over the rows of that mini-batch).
-    """
-
-    batch: PolicyBatch
-    mini_batches: list[list[int]]
-    coef: float
-
-
-@dataclass
-class TrainingPlan:
-    """What one receiver trains on this step.
-
-    ``flows[source]`` accounts for every peer response delivered to this receiver: ``{"consumed": n,
-    "<drop reason>": m, ...}`` in units of responses (the exchange checks that nothing is lost).
-    ``objective`` names the loss (``policies.objectives`` registry) and ``objective_kwargs`` its scalars.
-    ``crossed`` lists the peer responses this plan carried into the receiver's tokenization (THL), for the
-    residual report; ``None`` for a regime that crosses no text.
-    """
-
-    batch: PolicyBatch
-    mini_batches: list[list[int]]  # row indices of each mini-batch, in execution order
-    metrics: dict[str, float] = field(default_factory=dict)
-    flows: dict[str, dict[str, int]] = field(default_factory=dict)
-    objective: str = "dapo"
-    objective_kwargs: dict = field(default_factory=dict)
-    nll: NLLTerm | None = None
-    crossed: list | None = None
+from mutual_rl.types import PolicyBatch, ScoredGroup, TrainingPlan, collate
 
 
 class Regime:

@@ -70,19 +70,11 @@ import torch
 
 from mutual_rl.algorithms import KL_ESTIMATORS
 from mutual_rl.algorithms.ftis import kl_filter_keep, sequence_kl
-from mutual_rl.policies.batch import collate
-from mutual_rl.regimes.base import (
-    Regime,
-    TrainingPlan,
-    group_key,
-    pair_peer_groups,
-    register_regime,
-    split_rows,
-)
+from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_logp, receiver_prompt_ids
 from mutual_rl.regimes.xgrpo import pooled_advantages
 from mutual_rl.thl import GRANULARITIES
-from mutual_rl.types import CrossedRollout
+from mutual_rl.types import CrossedRollout, TrainingPlan, collate
 
 ADVANTAGES = ("pooled", "source")
 
@@ -210,7 +202,7 @@ class FTIS(Regime):
             for i, t in enumerate(gen_rows):
                 if t is not None:
                     gen_mat[i, : len(t)] = t
-            batch.extras.update({"tis": is_peer.float(), "gen_logp": gen_mat})
+            batch.gen_logp = gen_mat
             objective, kwargs = "ftis", {"is_cap": self.is_cap}
         kept_adv = peer_adv[keep] if n_paired else torch.zeros(0)
         metrics = {

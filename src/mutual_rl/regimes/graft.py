@@ -81,17 +81,9 @@ from typing import Literal
 
 import torch
 
-from mutual_rl.policies.batch import collate
-from mutual_rl.regimes.base import (
-    Regime,
-    TrainingPlan,
-    group_key,
-    pair_peer_groups,
-    register_regime,
-    split_rows,
-)
+from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_logp, receiver_prompt_ids
-from mutual_rl.types import ScoredGroup
+from mutual_rl.types import ScoredGroup, TrainingPlan, collate
 
 PEER_LAST = ("in_batch", "extra", "none")
 COMPATIBILITY = ("weighted", "off")

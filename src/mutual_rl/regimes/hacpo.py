@@ -59,17 +59,10 @@ from typing import Literal
 import torch
 
 from mutual_rl.algorithms.hacpo import capability_ratio, hacpo_advantages, lower_bound
-from mutual_rl.policies.batch import collate
 from mutual_rl.policies.lockstep import max_over_ranks, sum_over_ranks
-from mutual_rl.regimes.base import (
-    Regime,
-    TrainingPlan,
-    group_key,
-    pair_peer_groups,
-    register_regime,
-    split_rows,
-)
+from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
+from mutual_rl.types import TrainingPlan, collate
 
 LOWER_SCHEDULES = ("update", "step")
 
@@ -189,7 +182,7 @@ class HACPO(Regime):
         batch = collate(
             rows, torch.cat(advs), receiver.tokenizer.pad_token_id, is_peer=peer_flags,
             needs_old_logp=[False] * len(rows),
-            extras={"src_mean_logp": torch.tensor(src_mean, dtype=torch.float32), "cap_ratio": torch.cat(caps)},
+            source_mean_logp=torch.tensor(src_mean, dtype=torch.float32), cap_ratio=torch.cat(caps),
         )
         metrics: dict = {f"capability/{name}": p_r, "L_m_first": lower, "m": float(m),
                          "peer_responses": float(sum(peer_flags))}

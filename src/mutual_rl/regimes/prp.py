@@ -20,7 +20,7 @@ As implemented, for receiver ``R`` and each prompt ``q`` of its batch:
    - ``peer_aligned``: the behaviour probability of a peer token ``t`` is ``exp(ℓ̃_t)``, the source trace
      aligned onto ``R``'s tokens by the THL (``granularity``, mass-preserving). The rows carry ``ℓ̃`` as their
      ``old_logp`` (the update never recomputes peer rows that are not marked ``needs_old_logp``, whatever
-     ``algorithm.old_logp`` says); ``extras["tis"]`` (``[B]`` float, 1 on peer rows) selects the rule. Objective
+     ``algorithm.old_logp`` says); the batch's ``is_peer`` selects the rule. Objective
      ``prp_tis`` (``policies/objectives.py``; math in ``algorithms/importance.py``), with ``is_cap``.
 
 Truncated importance sampling *(ours; the paper says "truncated importance weights" without an equation)*,
@@ -61,19 +61,11 @@ from typing import Literal
 
 import torch
 
-from mutual_rl.policies.batch import collate
-from mutual_rl.regimes.base import (
-    Regime,
-    TrainingPlan,
-    group_key,
-    pair_peer_groups,
-    register_regime,
-    split_rows,
-)
+from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
 from mutual_rl.regimes.xgrpo import pooled_advantages
 from mutual_rl.thl import GRANULARITIES
-from mutual_rl.types import CrossedRollout
+from mutual_rl.types import CrossedRollout, TrainingPlan, collate
 
 DENOMINATORS = ("learner_snapshot", "peer_aligned")
 
@@ -134,7 +126,6 @@ class PRP(Regime):
         n_peer = int(is_peer.sum())
         objective, kwargs = "dapo", {}
         if aligned and n_peer:
-            batch.extras["tis"] = is_peer.float()
             objective, kwargs = "prp_tis", {"is_cap": self.is_cap}
         pa = torch.cat(peer_adv)
         metrics = {

@@ -45,18 +45,9 @@ import random
 
 import torch
 
-from mutual_rl.policies.batch import collate
-from mutual_rl.regimes.base import (
-    NLLTerm,
-    Regime,
-    TrainingPlan,
-    group_key,
-    own_batch,
-    pair_peer_groups,
-    register_regime,
-    split_rows,
-)
+from mutual_rl.regimes.base import Regime, group_key, own_batch, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
+from mutual_rl.types import NLLTerm, TrainingPlan, collate
 
 
 def draw_index(seed: int, step: int, receiver: str, prompt_id: int, num_candidates: int) -> int:

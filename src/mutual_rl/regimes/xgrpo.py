@@ -34,15 +34,8 @@ from collections.abc import Sequence
 import torch
 
 from mutual_rl.algorithms import grpo_advantages
-from mutual_rl.policies.batch import collate
-from mutual_rl.regimes.base import (
-    Regime,
-    TrainingPlan,
-    group_key,
-    pair_peer_groups,
-    register_regime,
-    split_rows,
-)
+from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
+from mutual_rl.types import TrainingPlan, collate
 
 
 def pooled_advantages(own: torch.Tensor, others: Sequence[torch.Tensor], eps: float) -> torch.Tensor:

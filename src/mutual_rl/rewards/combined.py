@@ -34,7 +34,7 @@ from mutual_rl.rewards.guard import DEFAULT_TIMEOUT_S, GuardedReward, RewardCoun
 from mutual_rl.rewards.trl_style import GuardedBatchReward, reward_style
 
 if TYPE_CHECKING:
-    from mutual_rl.data.task import Problem
+    from mutual_rl.types import Problem
 
 STYLES = ("auto", "text", "trl")
 

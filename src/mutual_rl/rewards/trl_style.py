@@ -48,7 +48,7 @@ from mutual_rl.rewards.guard import (
 )
 
 if TYPE_CHECKING:
-    from mutual_rl.data.task import Problem
+    from mutual_rl.types import Problem
 
 log = logging.getLogger(__name__)
 

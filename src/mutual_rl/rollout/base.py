@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mutual_rl.data.task import Problem
 from mutual_rl.policies.spec import SamplingSpec
-from mutual_rl.types import Rollout
+from mutual_rl.types import Problem, Rollout
 
 
 class RolloutEngine:

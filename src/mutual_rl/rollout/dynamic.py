@@ -62,11 +62,10 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from mutual_rl.data.task import Problem
 from mutual_rl.distributed import rank_and_world
 from mutual_rl.policies.lockstep import max_over_ranks
 from mutual_rl.rewards import RewardError
-from mutual_rl.types import PromptBatch, Rollout, ScoredGroup
+from mutual_rl.types import Problem, PromptBatch, Rollout, ScoredGroup
 
 EXTRA_GROUP_IDS = 2**50
 """First group id of the extra rounds' groups (the stream's ids ``batch.offset + i`` stay below it)."""

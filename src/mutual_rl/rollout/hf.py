@@ -39,7 +39,6 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from mutual_rl.data.task import Problem
 from mutual_rl.policies.lm_head import base_model
 from mutual_rl.policies.lockstep import in_lockstep, padded
 from mutual_rl.policies.spec import SamplingSpec
@@ -47,7 +46,7 @@ from mutual_rl.rollout.base import RolloutEngine
 from mutual_rl.rollout.decode_attention import decode_attention
 from mutual_rl.strategies import generation_params
 from mutual_rl.thl.offsets import offsets_by_decoding
-from mutual_rl.types import Rollout
+from mutual_rl.types import Problem, Rollout
 
 
 class HFRolloutEngine(RolloutEngine):

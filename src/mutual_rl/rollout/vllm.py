@@ -52,7 +52,6 @@ from dataclasses import dataclass
 
 import torch
 
-from mutual_rl.data.task import Problem
 from mutual_rl.policies.spec import SamplingSpec
 from mutual_rl.rollout.base import RolloutEngine
 from mutual_rl.rollout.vllm_process import (
@@ -79,7 +78,7 @@ from mutual_rl.rollout.vllm_sync import (
     trainer_probe_logp,
 )
 from mutual_rl.thl.offsets import offsets_by_decoding
-from mutual_rl.types import Rollout
+from mutual_rl.types import Problem, Rollout
 
 __all__ = ["VLLMRolloutEngine", "WeightSyncError", "build_rollouts", "close_all", "import_vllm"]
 
