@@ -41,8 +41,8 @@ import torch
 def _policy(args):
     from mutual_rl.cli import load_config
     from mutual_rl.data.task import ArithmeticTask
-    from mutual_rl.policies.policy import build_policy
-    from mutual_rl.policies.spec import LoraSpec, OptimizerSpec, PolicySpec, SamplingSpec, WarmStart
+    from mutual_rl.model.policy import build_policy
+    from mutual_rl.model.spec import LoraSpec, OptimizerSpec, PolicySpec, SamplingSpec, WarmStart
 
     task = ArithmeticTask()
     if args.config:

@@ -39,8 +39,8 @@ def measure(args) -> dict:
     """Child process: build the preset, run the updates, report the peak memory delta (MiB)."""
     import torch
 
-    from mutual_rl.policies.policy import build_policy
-    from mutual_rl.policies.spec import PolicySpec, WarmStart
+    from mutual_rl.model.policy import build_policy
+    from mutual_rl.model.spec import PolicySpec, WarmStart
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -48,8 +48,8 @@ def measure(args) -> dict:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from mutual_rl.policies.policy import Policy
-    from mutual_rl.policies.spec import LoraSpec, PolicySpec
+    from mutual_rl.model.policy import Policy
+    from mutual_rl.model.spec import LoraSpec, PolicySpec
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -36,13 +36,14 @@ import time
 import torch
 
 from mutual_rl.data.task import ArithmeticTask
+from mutual_rl.model.policy import build_policy
+from mutual_rl.model.spec import OptimizerSpec, PolicySpec, SamplingSpec, WarmStart
 from mutual_rl.module import MutualRLModule
-from mutual_rl.policies.policy import build_policy
-from mutual_rl.policies.spec import OptimizerSpec, PolicySpec, SamplingSpec, WarmStart
-from mutual_rl.policies.update import GRPOConfig, update_policy
 from mutual_rl.regimes import get_regime
 from mutual_rl.rewards import get_reward
 from mutual_rl.types import PromptBatch
+from mutual_rl.update.config import GRPOConfig
+from mutual_rl.update.loop import update_policy
 
 PRESETS = [("gpt2", "tiny:gpt2-bpe", 0), ("llama", "tiny:llama-char", 0), ("llamabpe", "tiny:llama-bpe", 0),
            ("gpt2b", "tiny:gpt2-bpe", 1)]

@@ -72,7 +72,7 @@ What differs (inherent to each implementation, kept as is)
 - ``--compile`` turns on ours' ``PolicySpec.compile`` (the training forward through ``torch.compile``) and
   ``--trl-compile`` TRL's ``torch_compile=True``; either compiles during the warm-up pairs.
 - Ours skips the forward/backward of zero-advantage rows (all-pass / all-fail groups; no gradient change, see
-  ``policies/update.py``); TRL runs every row. ``--no-skip-zero-adv`` turns the skip off for a like-for-like
+  ``update/loop.py``); TRL runs every row. ``--no-skip-zero-adv`` turns the skip off for a like-for-like
   amount of fwd/bwd work; the skipped fraction is printed.
 - TRL's per-step bookkeeping (metrics dicts, gathers, ``floating_point_ops``, callbacks) is counted on its side;
   Lightning's loop overhead and ``log_dict`` are not counted on ours.
@@ -98,12 +98,13 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 import torch  # noqa: E402
 
 from mutual_rl.data.task import ArithmeticTask  # noqa: E402
+from mutual_rl.model.policy import Policy, build_policy  # noqa: E402
+from mutual_rl.model.spec import OptimizerSpec, PolicySpec, SamplingSpec, WarmStart  # noqa: E402
 from mutual_rl.module import MutualRLModule  # noqa: E402
-from mutual_rl.policies.policy import Policy, build_policy  # noqa: E402
-from mutual_rl.policies.spec import OptimizerSpec, PolicySpec, SamplingSpec, WarmStart  # noqa: E402
-from mutual_rl.policies.update import GRPOConfig, update_policy  # noqa: E402
 from mutual_rl.rewards import get_reward  # noqa: E402
 from mutual_rl.types import PromptBatch  # noqa: E402
+from mutual_rl.update.config import GRPOConfig  # noqa: E402
+from mutual_rl.update.loop import update_policy  # noqa: E402
 
 
 def parse_args():

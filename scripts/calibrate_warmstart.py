@@ -17,8 +17,8 @@ import time
 
 from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.evaluation.validation import EvalConfig, Evaluator
-from mutual_rl.policies.policy import build_policy
-from mutual_rl.policies.spec import PolicySpec, SamplingSpec, WarmStart
+from mutual_rl.model.policy import build_policy
+from mutual_rl.model.spec import PolicySpec, SamplingSpec, WarmStart
 from mutual_rl.rewards import get_reward
 from mutual_rl.rollout import get_engine
 

@@ -1,6 +1,6 @@
 """Import structure: every module imports alone, the package's import graph has no cycle (lazy imports
 included, so no cycle hides behind one), and regimes and evaluation never reach ``mutual_rl.distributed``
-directly (they use ``mutual_rl.policies.lockstep``)."""
+directly (they use ``mutual_rl.update.lockstep``)."""
 
 from __future__ import annotations
 

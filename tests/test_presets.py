@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mutual_rl.data.task import ArithmeticTask
-from mutual_rl.policies.spec import WarmStart
+from mutual_rl.model.spec import WarmStart
 from mutual_rl.presets import cache as preset_cache
 from mutual_rl.presets.cache import load_preset
 from mutual_rl.presets.tokenizers import build_bpe_tokenizer, build_char_tokenizer

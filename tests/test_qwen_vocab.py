@@ -13,8 +13,8 @@ import torch
 
 from mutual_rl.assets import PackageNotInstalledError
 from mutual_rl.data.task import ArithmeticTask
-from mutual_rl.policies.policy import build_policy
-from mutual_rl.policies.spec import PolicySpec, WarmStart
+from mutual_rl.model.policy import build_policy
+from mutual_rl.model.spec import PolicySpec, WarmStart
 from mutual_rl.presets import cache as preset_cache
 from mutual_rl.presets import qwen_vocab
 from mutual_rl.presets.cache import load_preset

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from mutual_rl.assets import PackagedFileNotFoundError, PackageNotInstalledError, resolve
-from mutual_rl.policies.policy import UnsupportedModelError, build_policy
-from mutual_rl.policies.spec import LoraSpec, PolicySpec, WarmStart
+from mutual_rl.model.loading import UnsupportedModelError
+from mutual_rl.model.policy import build_policy
+from mutual_rl.model.spec import LoraSpec, PolicySpec, WarmStart
 from mutual_rl.presets.models import build_untrained
 from mutual_rl.presets.tokenizers import build_char_tokenizer
 
@@ -301,7 +302,7 @@ def test_gradient_checkpointing_gives_the_same_logp_and_gradients(lora):
 
 
 def test_gradient_checkpointing_policy_generates():
-    from mutual_rl.policies.spec import SamplingSpec
+    from mutual_rl.model.spec import SamplingSpec
     from mutual_rl.rollout.hf import HFRolloutEngine
     from mutual_rl.types import Problem
 

@@ -3,7 +3,7 @@
 The module orchestrates and holds no math: per training step it samples each policy's groups (rollout engine),
 scores them on text (rewards), computes GRPO advantages per own group (algorithms), lets each receiver's regime
 build its training plan from its own and its peers' groups (regimes), and runs each policy's update
-(policies.update). ``max_steps`` counts training steps: every optimizer step goes through the strategy without
+(update.loop). ``max_steps`` counts training steps: every optimizer step goes through the strategy without
 touching Lightning's step counter, which the module advances once per training step.
 """
 
@@ -30,18 +30,15 @@ from mutual_rl.distributed import (
 )
 from mutual_rl.evaluation.validation import EvalConfig, Evaluator
 from mutual_rl.exchange import ExperienceExchange, trace_records
-from mutual_rl.policies.export import export_policies, step_folder
-from mutual_rl.policies.policy import build_policy
-from mutual_rl.policies.schedule import decay_end, set_lr
-from mutual_rl.policies.scoring import score_groups
-from mutual_rl.policies.spec import PolicySpec
-from mutual_rl.policies.update import GRPOConfig, update_policy
+from mutual_rl.model.export import export_policies, step_folder
+from mutual_rl.model.policy import build_policy
+from mutual_rl.model.spec import PolicySpec
 from mutual_rl.regimes import Regime, as_regime, regime_name
 from mutual_rl.regimes.crossing import thl_residual
 from mutual_rl.resume import apply_optimizer_settings, match_policies_by_name
 from mutual_rl.rewards import RewardError, RewardTerm, build_reward
 from mutual_rl.rollout import RolloutEngine, get_engine
-from mutual_rl.rollout.dynamic import check_dynamic_sampling, dynamic_sample, sample_round
+from mutual_rl.step.dynamic import check_dynamic_sampling, dynamic_sample, sample_round
 from mutual_rl.step_metrics import (
     COUNT_PREFIXES,
     COUNT_SUFFIXES,
@@ -53,6 +50,10 @@ from mutual_rl.step_metrics import (
 from mutual_rl.strategies import has_activation_checkpointing
 from mutual_rl.threads import check_num_threads, configure_threads
 from mutual_rl.types import PromptBatch, ScoredGroup
+from mutual_rl.update.config import GRPOConfig
+from mutual_rl.update.loop import update_policy
+from mutual_rl.update.schedule import decay_end, set_lr
+from mutual_rl.update.scoring import score_groups
 from mutual_rl.warnings_filters import ignore_inapplicable_warnings, warn_on_true_half_precision
 
 
@@ -148,7 +149,7 @@ class MutualRLModule(LightningModule):
         if export_every_n_steps < 0:
             raise ValueError(f"model.export_every_n_steps must be >= 0 (0 = only at the end of fit), got {export_every_n_steps}.")
         self.export_every_n_steps = int(export_every_n_steps)
-        self._decay_ends: dict[str, int | None] = {}  # policy -> step its LR decay ends (policies/schedule.py)
+        self._decay_ends: dict[str, int | None] = {}  # policy -> step its LR decay ends (update/schedule.py)
         self.policies = nn.ModuleDict()
         self.engine = get_engine(rollout_engine) if isinstance(rollout_engine, str) else rollout_engine
         self._rng_to_restore = None
@@ -313,7 +314,7 @@ class MutualRLModule(LightningModule):
 
     def _rollout_and_score(self, spec: PolicySpec, batch: PromptBatch, step: int):
         """This step's scored groups of one policy and their metrics; with ``algorithm.dynamic_sampling`` its mixed
-        groups topped up from extra prompts (:mod:`mutual_rl.rollout.dynamic`; not on a step it does not update)."""
+        groups topped up from extra prompts (:mod:`mutual_rl.step.dynamic`; not on a step it does not update)."""
         sampling = spec.sampling
         budget = self.budgets.get(spec.name)
         if budget is not None:  # MWRA: rollouts per prompt, max new tokens and rollout placement for this step

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import torch
 
-from mutual_rl.policies.schedule import is_scheduled
-from mutual_rl.policies.spec import PolicySpec
+from mutual_rl.model.spec import PolicySpec
+from mutual_rl.update.schedule import is_scheduled
 
 
 def apply_optimizer_settings(spec: PolicySpec, optimizer: torch.optim.Optimizer, note: Callable[[str], None]) -> None:
@@ -19,7 +19,7 @@ def apply_optimizer_settings(spec: PolicySpec, optimizer: torch.optim.Optimizer,
     left alone: the next step sets its own."""
     o = spec.optimizer
     wanted = {"lr": o.lr, "betas": tuple(o.betas), "weight_decay": o.weight_decay, "eps": o.eps}
-    if is_scheduled(o):  # a warm-up or decay sets the step's lr before each update (policies/schedule.py)
+    if is_scheduled(o):  # a warm-up or decay sets the step's lr before each update (update/schedule.py)
         del wanted["lr"]
     for key, new in wanted.items():
         olds = {tuple(g[key]) if key == "betas" else g[key] for g in optimizer.param_groups}

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from mutual_rl.policies.spec import PolicySpec
+from mutual_rl.model.spec import PolicySpec
 
 COUNT_PREFIXES = ("exchange/",)
 COUNT_SUFFIXES = ("/reward_errors", "/reward_timeouts")

@@ -217,7 +217,7 @@ class TrainingPlan:
 
     ``flows[source]`` accounts for every peer response delivered to this receiver: ``{"consumed": n,
     "<drop reason>": m, ...}`` in units of responses (the exchange checks that nothing is lost).
-    ``objective`` names the loss (``policies.objectives`` registry) and ``objective_kwargs`` its scalars.
+    ``objective`` names the loss (``update.objectives`` registry) and ``objective_kwargs`` its scalars.
     ``crossed`` lists the peer responses this plan carried into the receiver's tokenization (THL), for the
     residual report; ``None`` for a regime that crosses no text.
     """

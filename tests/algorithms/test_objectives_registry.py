@@ -9,7 +9,7 @@ import sys
 
 
 def test_registry_needs_no_regime_import():
-    code = ("import sys; from mutual_rl.policies.objectives import get_objective;"
+    code = ("import sys; from mutual_rl.update.objectives import get_objective;"
             "fns = [get_objective(n) for n in ('dapo', 'prp_tis', 'hacpo', 'ftis')];"
             "print(sorted(m for m in sys.modules if m.startswith('mutual_rl.regimes')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
@@ -17,8 +17,8 @@ def test_registry_needs_no_regime_import():
 
 
 def test_objectives_take_scalars_not_a_config():
-    from mutual_rl.policies.objectives import get_objective
-    from mutual_rl.policies.update import GRPOConfig
+    from mutual_rl.update.config import GRPOConfig
+    from mutual_rl.update.objectives import get_objective
 
     standard = {"clip_low", "clip_high", "dual_clip", "agg", "kl_coef", "kl_kind", "token_count", "num_seqs",
                 "max_len", "ref_logp", "update_index"}

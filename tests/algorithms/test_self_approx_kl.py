@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from mutual_rl.algorithms import kl_penalty, masked_mean
-from mutual_rl.policies.objectives import get_objective
-from mutual_rl.policies.update import GRPOConfig
 from mutual_rl.types import PolicyBatch
+from mutual_rl.update.config import GRPOConfig
+from mutual_rl.update.objectives import get_objective
 
 OLD = torch.tensor([[-1.0, -2.0], [-0.5, -0.7], [-9.0, -8.0], [-7.0, -6.0]])  # rows 2, 3: peer (far-off trace)
 LOGP = torch.tensor([[-1.1, -1.8], [-0.4, -0.9], [-0.3, -0.2], [-0.5, -0.6]])

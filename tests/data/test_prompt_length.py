@@ -12,8 +12,8 @@ from mutual_rl.data.prompt_length import (
     count_prompt_tokens,
 )
 from mutual_rl.data.task import ArithmeticTask
-from mutual_rl.policies.policy import build_policy
-from mutual_rl.policies.spec import PolicySpec, SamplingSpec, WarmStart
+from mutual_rl.model.policy import build_policy
+from mutual_rl.model.spec import PolicySpec, SamplingSpec, WarmStart
 from mutual_rl.types import Problem
 
 

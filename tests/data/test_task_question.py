@@ -71,7 +71,7 @@ def test_math_verify_on_question_answers(completion, expected):
 
 @pytest.mark.parametrize("which", ["arithmetic", "word"])
 def test_renders_through_a_chat_template(which):
-    from mutual_rl.policies.spec import PolicySpec
+    from mutual_rl.model.spec import PolicySpec
     from mutual_rl.thl.retokenize import prompt_ids
 
     tok = chat_tokenizer()

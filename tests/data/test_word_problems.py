@@ -213,7 +213,7 @@ def test_fast_and_cache_key_fields():
 
 def test_feeds_the_datamodule_and_the_warm_start_pool():
     from mutual_rl.data.datamodule import PromptDataModule
-    from mutual_rl.policies.spec import WarmStart
+    from mutual_rl.model.spec import WarmStart
     from mutual_rl.presets.warmstart import select_problems
 
     task = WordProblemTask(num_train=120, num_heldout=20)

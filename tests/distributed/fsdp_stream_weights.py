@@ -18,7 +18,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mutual_rl.data.task import ArithmeticTask  # noqa: E402
-from mutual_rl.policies.policy import build_policy  # noqa: E402
+from mutual_rl.model.policy import build_policy  # noqa: E402
 from mutual_rl.rollout.vllm_sync import _walk, hf_weights  # noqa: E402
 from mutual_rl.strategies import clean_name, shard_model  # noqa: E402
 from tests.trainer.helpers import TASK, spec  # noqa: E402

@@ -22,14 +22,15 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mutual_rl.data.task import ArithmeticTask  # noqa: E402
-from mutual_rl.policies.policy import build_policy  # noqa: E402
-from mutual_rl.policies.scoring import score_groups  # noqa: E402
-from mutual_rl.policies.spec import SamplingSpec  # noqa: E402
-from mutual_rl.policies.update import GRPOConfig, update_policy  # noqa: E402
+from mutual_rl.model.policy import build_policy  # noqa: E402
+from mutual_rl.model.spec import SamplingSpec  # noqa: E402
 from mutual_rl.regimes.base import NLLTerm, TrainingPlan, split_rows  # noqa: E402
 from mutual_rl.rollout.hf import HFRolloutEngine  # noqa: E402
 from mutual_rl.strategies import clean_name, shard_model  # noqa: E402
 from mutual_rl.types import collate  # noqa: E402
+from mutual_rl.update.config import GRPOConfig  # noqa: E402
+from mutual_rl.update.loop import update_policy  # noqa: E402
+from mutual_rl.update.scoring import score_groups  # noqa: E402
 from tests.trainer.helpers import TASK, spec  # noqa: E402
 
 PROMPTS_PER_RANK, N, LR = 4, 4, 0.5

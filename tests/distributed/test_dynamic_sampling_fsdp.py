@@ -9,7 +9,7 @@ import sys
 import yaml
 
 from mutual_rl.exchange.store import read_step
-from mutual_rl.rollout.dynamic import EXTRA_GROUP_IDS
+from mutual_rl.step.dynamic import EXTRA_GROUP_IDS
 from tests.distributed.test_fsdp_cpu import _free_port, _run, presets  # noqa: F401 (fixture)
 from tests.trainer.helpers import TASK
 

@@ -18,8 +18,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mutual_rl.data.task import ArithmeticTask  # noqa: E402
-from mutual_rl.policies.policy import build_policy  # noqa: E402
-from mutual_rl.policies.spec import SamplingSpec  # noqa: E402
+from mutual_rl.model.policy import build_policy  # noqa: E402
+from mutual_rl.model.spec import SamplingSpec  # noqa: E402
 from mutual_rl.rollout import vllm as V  # noqa: E402
 from mutual_rl.strategies import shard_model  # noqa: E402
 from mutual_rl.types import Problem  # noqa: E402

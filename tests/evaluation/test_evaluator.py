@@ -14,8 +14,8 @@ import mutual_rl.evaluation.validation as validation
 from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.evaluation import EvalConfig, Evaluator, evaluate_file, greedy_generate
 from mutual_rl.evaluation.greedy import decode_completion
-from mutual_rl.policies.policy import build_policy
-from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.model.policy import build_policy
+from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.rewards import integer_match
 from mutual_rl.rollout.hf import HFRolloutEngine
 from mutual_rl.types import Problem

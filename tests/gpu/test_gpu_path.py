@@ -21,11 +21,11 @@ import torch
 
 from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.evaluation.validation import EvalConfig
+from mutual_rl.model.policy import build_policy
+from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.module import MutualRLModule
-from mutual_rl.policies.policy import build_policy
-from mutual_rl.policies.spec import SamplingSpec
-from mutual_rl.policies.update import GRPOConfig
 from mutual_rl.types import Problem
+from mutual_rl.update.config import GRPOConfig
 from tests.trainer.helpers import TASK, RecordMetrics, datamodule, spec
 
 ON_CPU = os.environ.get("MUTUAL_RL_GPU_TESTS_ON_CPU") == "1"

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from mutual_rl.algorithms import grpo_advantages
-from mutual_rl.policies.spec import PolicySpec
+from mutual_rl.model.spec import PolicySpec
 from mutual_rl.presets.tokenizers import build_bpe_tokenizer, build_char_tokenizer
 from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.thl.retokenize import prompt_ids as encode_prompt_ids

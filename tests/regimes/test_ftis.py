@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from mutual_rl.algorithms.ftis import ftis_loss, kl_filter_keep, sequence_kl, tis_weights
-from mutual_rl.policies.objectives import get_objective
-from mutual_rl.policies.update import GRPOConfig
 from mutual_rl.regimes import get_regime
 from mutual_rl.types import PolicyBatch
+from mutual_rl.update.config import GRPOConfig
+from mutual_rl.update.objectives import get_objective
 from tests.regimes.helpers_xsp import assert_flows, assert_partition
 from tests.regimes.scenario import FakeReceiver, make_group
 
@@ -263,14 +263,14 @@ def test_args_validated():
 
 # ------------------------------------------------------------------------------------------------ the update
 def _tiny_policy():
-    from mutual_rl.policies.policy import build_policy
-    from mutual_rl.policies.spec import PolicySpec, WarmStart
+    from mutual_rl.model.policy import build_policy
+    from mutual_rl.model.spec import PolicySpec, WarmStart
 
     return build_policy(PolicySpec(name="r", model="tiny:llama-char", warmstart=WarmStart(steps=5)))
 
 
 def _update(policy, plan, cfg, lr=0.01):
-    from mutual_rl.policies.update import update_policy
+    from mutual_rl.update.loop import update_policy
 
     params = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=lr)

@@ -281,10 +281,11 @@ def test_no_own_group_flow_and_bad_args():
 # ------------------------------------------------------------------------------------------ peer-last
 def test_peer_last_order_in_update():
     """The update runs R's own mini-batches first, then the grafted ones (recorded per objective call)."""
-    from mutual_rl.policies.objectives import dapo, register_objective
-    from mutual_rl.policies.policy import build_policy
-    from mutual_rl.policies.spec import PolicySpec, WarmStart
-    from mutual_rl.policies.update import GRPOConfig, update_policy
+    from mutual_rl.model.policy import build_policy
+    from mutual_rl.model.spec import PolicySpec, WarmStart
+    from mutual_rl.update.config import GRPOConfig
+    from mutual_rl.update.loop import update_policy
+    from mutual_rl.update.objectives import dapo, register_objective
 
     calls = []
     name = "test_graft_recording"

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from mutual_rl.algorithms.hacpo import capability_ratio, hacpo_advantages, lower_bound
-from mutual_rl.policies.objectives import hacpo as hacpo_objective
-from mutual_rl.policies.update import GRPOConfig
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.hacpo import HACPO
 from mutual_rl.types import PolicyBatch
+from mutual_rl.update.config import GRPOConfig
+from mutual_rl.update.objectives import hacpo as hacpo_objective
 from tests.regimes.scenario import FakeReceiver, make_group
 
 
@@ -211,9 +211,9 @@ def test_objective_micro_batch_invariant_with_kl(kl_peer_rows):
 
 # ------------------------------------------------------------------------------------------ update
 def test_update_on_tiny_policy_with_kl():
-    from mutual_rl.policies.policy import build_policy
-    from mutual_rl.policies.spec import PolicySpec, WarmStart
-    from mutual_rl.policies.update import update_policy
+    from mutual_rl.model.policy import build_policy
+    from mutual_rl.model.spec import PolicySpec, WarmStart
+    from mutual_rl.update.loop import update_policy
 
     policy = build_policy(PolicySpec(name="r", model="tiny:llama-char", warmstart=WarmStart(steps=5)),
                           needs_reference=True)

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from mutual_rl.policies.objectives import get_objective
-from mutual_rl.policies.update import GRPOConfig
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.base import split_rows
 from mutual_rl.types import PolicyBatch
+from mutual_rl.update.config import GRPOConfig
+from mutual_rl.update.objectives import get_objective
 from tests.regimes.helpers_xsp import assert_flows, assert_partition
 from tests.regimes.scenario import FakeReceiver, make_group
 
@@ -209,9 +209,9 @@ def test_prp_tis_is_micro_batch_invariant(agg):
 def test_update_on_a_tiny_policy(denominator):
     """The plan runs through ``update_policy``; learner_snapshot peer ratios are 1 at the first mini-batch, and
     with ``old_logp = recompute`` peer_aligned still uses the aligned trace (peer rows), not π_R,old."""
-    from mutual_rl.policies.policy import build_policy
-    from mutual_rl.policies.spec import PolicySpec, WarmStart
-    from mutual_rl.policies.update import update_policy
+    from mutual_rl.model.policy import build_policy
+    from mutual_rl.model.spec import PolicySpec, WarmStart
+    from mutual_rl.update.loop import update_policy
 
     policy = build_policy(PolicySpec(name="r", model="tiny:llama-char", warmstart=WarmStart(steps=5)))
     recv, own, peers = scenario()

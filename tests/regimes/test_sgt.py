@@ -154,9 +154,10 @@ def test_args_validated():
 
 def test_update_moves_parameters_along_minus_grad_nll():
     """All-fail receiver group (zero advantages, skipped): the step is exactly SGD on λ·NLL of the rescued row."""
-    from mutual_rl.policies.policy import build_policy
-    from mutual_rl.policies.spec import PolicySpec, WarmStart
-    from mutual_rl.policies.update import GRPOConfig, update_policy
+    from mutual_rl.model.policy import build_policy
+    from mutual_rl.model.spec import PolicySpec, WarmStart
+    from mutual_rl.update.config import GRPOConfig
+    from mutual_rl.update.loop import update_policy
 
     policy = build_policy(PolicySpec(name="r", model="tiny:llama-char", warmstart=WarmStart(steps=5)))
     policy.spec.optimizer.grad_clip = 0.0

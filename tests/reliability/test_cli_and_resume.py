@@ -28,8 +28,8 @@ from mutual_rl.callbacks.checkpointing import AtomicCheckpointIO
 from mutual_rl.cli import build_cli, main
 from mutual_rl.evaluation import EvalConfig, Evaluator
 from mutual_rl.exchange import ExperienceExchange
+from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.module import MutualRLModule
-from mutual_rl.policies.spec import SamplingSpec
 from mutual_rl.rewards import integer_match
 from mutual_rl.types import Problem
 from tests.trainer.helpers import datamodule, module, pair, spec, trainer
@@ -302,8 +302,8 @@ def test_negative_eval_temperature_names_the_setting():
 def test_regimes_are_typed_per_receiver_with_one_success_threshold():
     """model.regime and a policy's own regime are Regime objects (class_path/init_args in a config); every
     receiver gets its own instance; success_threshold comes from algorithm only."""
-    from mutual_rl.policies.update import GRPOConfig
     from mutual_rl.regimes import GRAFT, SGT
+    from mutual_rl.update.config import GRPOConfig
 
     specs = pair()
     specs[1].regime = GRAFT(delta=0.5)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from mutual_rl.model.spec import LoraSpec, OptimizerSpec, PolicySpec, SamplingSpec, WarmStart
 from mutual_rl.module import MutualRLModule
-from mutual_rl.policies.spec import LoraSpec, OptimizerSpec, PolicySpec, SamplingSpec, WarmStart
-from mutual_rl.policies.update import GRPOConfig
 from mutual_rl.regimes import get_regime
 from mutual_rl.rewards import get_reward
 from mutual_rl.rollout import get_engine
+from mutual_rl.update.config import GRPOConfig
 
 
 def _p(name: str = "a", **kw) -> PolicySpec:

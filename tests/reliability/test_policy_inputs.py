@@ -6,8 +6,8 @@ import warnings
 
 import pytest
 
-from mutual_rl.policies.policy import build_policy
-from mutual_rl.policies.spec import PolicySpec, SamplingSpec, WarmStart
+from mutual_rl.model.policy import build_policy
+from mutual_rl.model.spec import PolicySpec, SamplingSpec, WarmStart
 
 
 @pytest.mark.parametrize("model", ["./no/such/dir", "../no/such/dir", "/tmp/mutual-rl-missing-xyz/model",
@@ -30,7 +30,7 @@ def test_missing_local_tokenizer_path_is_named(tmp_path):
 
 def test_hub_ids_are_left_to_transformers():
     """``name`` and ``org/name`` whose ``org`` is no local folder are Hub ids, passed to transformers unchanged."""
-    from mutual_rl.policies.policy import _checked_path
+    from mutual_rl.model.loading import _checked_path
 
     assert _checked_path("p", "model", "no-such-org-xyz/model") == "no-such-org-xyz/model"
     assert _checked_path("p", "model", "gpt2") == "gpt2"

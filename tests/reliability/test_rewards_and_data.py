@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from mutual_rl.data.datamodule import PromptDataModule
+from mutual_rl.model.spec import PolicySpec, SamplingSpec, WarmStart
 from mutual_rl.module import MutualRLModule
-from mutual_rl.policies.spec import PolicySpec, SamplingSpec, WarmStart
 from mutual_rl.rewards import RewardError
 from mutual_rl.types import Problem, PromptBatch, Rollout
 from tests.trainer.helpers import trainer

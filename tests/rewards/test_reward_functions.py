@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from mutual_rl.evaluation import EvalConfig, Evaluator
-from mutual_rl.policies.scoring import score_groups
-from mutual_rl.policies.spec import PolicySpec, SamplingSpec, WarmStart
+from mutual_rl.model.spec import PolicySpec, SamplingSpec, WarmStart
 from mutual_rl.rewards import (
     GuardedBatchReward,
     Reward,
@@ -25,6 +24,7 @@ from mutual_rl.rewards import (
 )
 from mutual_rl.rewards.base import available_rewards
 from mutual_rl.types import Problem, Rollout
+from mutual_rl.update.scoring import score_groups
 from tests.trainer.helpers import RecordMetrics
 
 CALLS: list[dict] = []  # what the registered TRL-style rewards below were called with

@@ -13,8 +13,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import mutual_rl.rollout.decode_attention as da
 from mutual_rl.data.task import ArithmeticTask
-from mutual_rl.policies.policy import build_policy
-from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.model.policy import build_policy
+from mutual_rl.model.spec import SamplingSpec
 from tests.rollout.helpers import assert_same_rollouts, sampled
 from tests.trainer.helpers import TASK, spec
 from tests.trainer.test_shared_prompts import PROBLEMS

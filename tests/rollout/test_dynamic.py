@@ -1,4 +1,4 @@
-"""``rollout/dynamic.py`` alone, with fake engines: the rounds, the cut, the metrics, and the lockstep agreement
+"""``step/dynamic.py`` alone, with fake engines: the rounds, the cut, the metrics, and the lockstep agreement
 of several processes (simulated by replacing the one reduction it makes)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import mutual_rl.rollout.dynamic as dyn
+import mutual_rl.step.dynamic as dyn
 from mutual_rl.rewards import RewardError
 from mutual_rl.types import Problem, PromptBatch, ScoredGroup
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from mutual_rl.data.task import ArithmeticTask
-from mutual_rl.policies.policy import build_policy
-from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.model.policy import build_policy
+from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.rollout.hf import HFRolloutEngine
 from mutual_rl.types import Problem, collate
 from tests.trainer.helpers import TASK, spec
@@ -94,7 +94,7 @@ CHECKPOINT_GENERATION = dict(
 def test_checkpoint_generation_config_changes_no_logp(tmp_path, preset):
     """A checkpoint whose generation_config sets many processors: the rollout log-prob of every sampled token is
     still the trainer's log softmax(logits / T) over the full vocabulary, and the model's config is left as is."""
-    from mutual_rl.policies.spec import PolicySpec
+    from mutual_rl.model.spec import PolicySpec
     from mutual_rl.presets.models import build_untrained
 
     model, tok = build_untrained(preset, seed=0)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from mutual_rl.data.task import ArithmeticTask
-from mutual_rl.policies.policy import build_policy
-from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.model.policy import build_policy
+from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.rollout.hf import HFRolloutEngine, shared_prompt_cache
 from tests.rollout.helpers import assert_same_rollouts, sampled
 from tests.trainer.helpers import TASK, spec

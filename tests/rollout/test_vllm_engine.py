@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mutual_rl.data.task import ArithmeticTask
-from mutual_rl.policies.policy import build_policy
+from mutual_rl.model.policy import build_policy
 from mutual_rl.rollout import get_engine
 from mutual_rl.rollout import vllm as V
 from mutual_rl.rollout import vllm_sync as S

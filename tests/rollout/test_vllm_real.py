@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from mutual_rl.data.task import ArithmeticTask
-from mutual_rl.policies.policy import build_policy
-from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.model.policy import build_policy
+from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.types import Problem
 from tests.trainer.helpers import TASK, datamodule, spec, trainer
 
@@ -261,7 +261,7 @@ def test_fit_through_the_vllm_engine(tmp_path, precision):
     update is pushed and verified (probe metrics logged), and the trained weights moved. Under bf16-mixed the sync
     runs inside the bf16 autocast of the training step; the probe's trainer side runs outside it."""
     from mutual_rl.module import MutualRLModule
-    from mutual_rl.policies.update import GRPOConfig
+    from mutual_rl.update.config import GRPOConfig
     from tests.trainer.helpers import RecordMetrics
 
     specs = [spec("gpt2", "tiny:gpt2-bpe", lora=True), spec("llama", "tiny:llama-char")]

@@ -7,9 +7,9 @@ from lightning.pytorch.callbacks import Callback
 
 from mutual_rl.data.datamodule import PromptDataModule
 from mutual_rl.data.task import ArithmeticTask
+from mutual_rl.model.spec import LoraSpec, OptimizerSpec, PolicySpec, SamplingSpec, WarmStart
 from mutual_rl.module import MutualRLModule
-from mutual_rl.policies.spec import LoraSpec, OptimizerSpec, PolicySpec, SamplingSpec, WarmStart
-from mutual_rl.policies.update import GRPOConfig
+from mutual_rl.update.config import GRPOConfig
 
 TASK = dict(operators=["+", "-"], digits=2, num_train=2000, num_heldout=50)
 

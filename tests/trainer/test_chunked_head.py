@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from mutual_rl.data.task import ArithmeticTask
-from mutual_rl.policies.lm_head import plain_head
-from mutual_rl.policies.policy import build_policy
+from mutual_rl.model.lm_head import plain_head
+from mutual_rl.model.policy import build_policy
 from mutual_rl.rollout.hf import HFRolloutEngine
 from mutual_rl.types import collate
 from tests.trainer.helpers import TASK, spec

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from mutual_rl.data.task import ArithmeticTask
-from mutual_rl.policies.compiled import training_model
-from mutual_rl.policies.policy import build_policy
+from mutual_rl.model.compiled import training_model
+from mutual_rl.model.policy import build_policy
 from mutual_rl.rollout.hf import HFRolloutEngine
 from mutual_rl.types import Problem, collate
 from tests.trainer.helpers import TASK, spec
@@ -81,7 +81,7 @@ def test_only_the_trained_models_forwards_are_routed(monkeypatch):
         calls.append(model)
         return model  # eager: only the routing is under test
 
-    monkeypatch.setattr("mutual_rl.policies.policy.training_model", record)
+    monkeypatch.setattr("mutual_rl.model.policy.training_model", record)
     b = _batch(policy, PROBLEMS, 5)
     policy.response_logp(b.input_ids, b.attention_mask, b.response_width, 1.0)
     assert calls and all(m is policy.model for m in calls)

@@ -22,11 +22,11 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from mutual_rl.data.datamodule import PromptDataModule
 from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.evaluation.validation import EvalConfig
+from mutual_rl.model.policy import build_policy
 from mutual_rl.module import MutualRLModule
-from mutual_rl.policies.policy import build_policy
-from mutual_rl.policies.update import GRPOConfig
 from mutual_rl.regimes import get_regime
 from mutual_rl.rewards.combined import GroupScore, Reward
+from mutual_rl.update.config import GRPOConfig
 from tests.device_check import DEVICE, SIM, SimulatedDevice, tag_of
 from tests.trainer.helpers import TASK, RecordMetrics, spec, trainer
 

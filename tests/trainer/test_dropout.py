@@ -7,13 +7,13 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from mutual_rl.policies.dropout import disable_dropout
-from mutual_rl.policies.policy import build_policy
-from mutual_rl.policies.spec import LoraSpec, PolicySpec, SamplingSpec
-from mutual_rl.policies.update import recompute_old_logp
+from mutual_rl.model.dropout import disable_dropout
+from mutual_rl.model.policy import build_policy
+from mutual_rl.model.spec import LoraSpec, PolicySpec, SamplingSpec
 from mutual_rl.presets.tokenizers import TOKENIZER_BUILDERS
 from mutual_rl.rollout.hf import HFRolloutEngine
 from mutual_rl.types import Problem, collate
+from mutual_rl.update.loop import recompute_old_logp
 
 PROBLEMS = [Problem(1, "3+4=", "7", "add"), Problem(2, "12+34=", "46", "add")]
 

@@ -1,4 +1,4 @@
-"""DAPO dynamic sampling (``algorithm.dynamic_sampling``, ``rollout/dynamic.py``) in a real tiny Trainer.
+"""DAPO dynamic sampling (``algorithm.dynamic_sampling``, ``step/dynamic.py``) in a real tiny Trainer.
 
 A group reward that depends only on the prompt makes the zero-variance groups deterministic: a prompt in the test's
 rule gets ``[1, 0, ..., 0]`` (mixed, whatever was sampled), any other ``[0, ..., 0]`` (all-fail). So every count
@@ -17,10 +17,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from mutual_rl.callbacks import ResourceAllocation
 from mutual_rl.module import MutualRLModule
-from mutual_rl.policies.update import GRPOConfig
 from mutual_rl.rewards import register_reward
 from mutual_rl.rewards.base import available_rewards
-from mutual_rl.rollout.dynamic import EXTRA_GROUP_IDS, extra_group_id_base, extra_prompts, has_variance
+from mutual_rl.step.dynamic import EXTRA_GROUP_IDS, extra_group_id_base, extra_prompts, has_variance
+from mutual_rl.update.config import GRPOConfig
 from tests.trainer.helpers import RecordMetrics, datamodule, pair, spec, trainer
 
 MIXED: dict[str, set[str]] = {"texts": set()}  # problem texts whose groups get mixed rewards (the test's rule)

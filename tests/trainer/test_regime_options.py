@@ -18,8 +18,8 @@ from lightning.pytorch.callbacks import Callback
 from mutual_rl.data.datamodule import PromptDataModule
 from mutual_rl.exchange import ExperienceExchange
 from mutual_rl.module import MutualRLModule
-from mutual_rl.policies.update import GRPOConfig
 from mutual_rl.regimes import get_regime
+from mutual_rl.update.config import GRPOConfig
 from tests.trainer.helpers import pair, spec, trainer
 
 REGIMES = [

@@ -9,9 +9,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from transformers import AutoModelForCausalLM
 
-from mutual_rl.policies.schedule import decay_end, lr_factor
-from mutual_rl.policies.spec import OptimizerSpec
+from mutual_rl.model.spec import OptimizerSpec
 from mutual_rl.resume import apply_optimizer_settings
+from mutual_rl.update.schedule import decay_end, lr_factor
 from tests.trainer.helpers import datamodule, module, pair, trainer
 
 
@@ -99,7 +99,7 @@ def test_export_every_n_steps_must_be_non_negative():
 
 
 def test_a_failed_export_write_raises_and_keeps_the_previous_export(tmp_path, monkeypatch):
-    from mutual_rl.policies.export import export_policies
+    from mutual_rl.model.export import export_policies
 
     m = module(pair())
     m.configure_model()

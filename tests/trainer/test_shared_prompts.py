@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mutual_rl.data.task import ArithmeticTask
-from mutual_rl.policies.policy import build_policy
+from mutual_rl.model.policy import build_policy
 from mutual_rl.rollout.hf import HFRolloutEngine
 from mutual_rl.types import Problem, collate
 from tests.trainer.helpers import TASK, spec

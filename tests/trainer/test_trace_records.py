@@ -14,8 +14,8 @@ import torch
 from mutual_rl.exchange import ExperienceExchange, StoredPeer, TraceRecord, read_step
 from mutual_rl.exchange.records import groups_from_records
 from mutual_rl.module import MutualRLModule
-from mutual_rl.policies.update import GRPOConfig
 from mutual_rl.regimes import get_regime
+from mutual_rl.update.config import GRPOConfig
 from tests.trainer.helpers import datamodule, pair, trainer
 
 

@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from mutual_rl.data.task import ArithmeticTask
-from mutual_rl.policies.policy import build_policy
-from mutual_rl.policies.update import GRPOConfig, update_policy
+from mutual_rl.model.policy import build_policy
 from mutual_rl.regimes.base import split_rows
 from mutual_rl.rollout.hf import HFRolloutEngine
 from mutual_rl.types import TrainingPlan, collate
+from mutual_rl.update.config import GRPOConfig
+from mutual_rl.update.loop import update_policy
 from tests.trainer.helpers import TASK, spec
 
 

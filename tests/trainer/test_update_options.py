@@ -10,15 +10,16 @@ import pytest
 import torch
 
 from mutual_rl.data.task import ArithmeticTask
-from mutual_rl.policies.objectives import dapo, get_objective, register_objective
-from mutual_rl.policies.policy import build_policy
-from mutual_rl.policies.update import GRPOConfig, NonFiniteUpdateError, update_policy
+from mutual_rl.model.policy import build_policy
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.hacpo import HACPO
 from mutual_rl.rewards import register_reward
 from mutual_rl.rewards.base import available_rewards
 from mutual_rl.rollout.hf import HFRolloutEngine
 from mutual_rl.types import TrainingPlan, collate
+from mutual_rl.update.config import GRPOConfig
+from mutual_rl.update.loop import NonFiniteUpdateError, update_policy
+from mutual_rl.update.objectives import dapo, get_objective, register_objective
 from tests.regimes.scenario import FakeReceiver, make_group
 from tests.trainer.helpers import TASK, RecordMetrics, datamodule, module, pair, spec, trainer
 

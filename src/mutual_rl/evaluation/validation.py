@@ -43,10 +43,10 @@ from mutual_rl.evaluation.metrics import (
     ProblemMean,
     majority_correct,
 )
-from mutual_rl.policies.lockstep import reduction_device
-from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.rewards.combined import as_reward
 from mutual_rl.rewards.integer import boxed_format
+from mutual_rl.update.lockstep import reduction_device
 
 
 @dataclass

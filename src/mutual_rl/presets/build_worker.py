@@ -72,7 +72,7 @@ def run_pinned(name, key, tmp: Path, seed, warmstart, task, prompt_template, cha
 
 
 def main(path: str) -> None:
-    from mutual_rl.policies.spec import WarmStart
+    from mutual_rl.model.spec import WarmStart
     from mutual_rl.presets.build import build_here
 
     args = json.loads(Path(path).read_text())

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from mutual_rl.policies.spec import WarmStart
+from mutual_rl.model.spec import WarmStart
 from mutual_rl.presets.models import ARCHS, arch_for
 from mutual_rl.presets.quality import announce
 from mutual_rl.presets.store import build_once, cache_root  # noqa: F401 (cache_root: public here too)

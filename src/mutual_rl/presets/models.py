@@ -32,7 +32,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from mutual_rl.policies.spec import PRESET_PREFIX as PREFIX
+from mutual_rl.model.spec import PRESET_PREFIX as PREFIX
 from mutual_rl.presets.tokenizers import tokenizer_for
 
 

@@ -55,13 +55,13 @@ def quality_report(model, tokenizer, task, *, name: str, prompt_template: str, c
 
 class _BuildPolicy:
     """What evaluation reads of a policy, for a model that is not a policy yet (presets must not import
-    ``policies.policy``, which loads presets): name, model, tokenizer, device, prompt rendering and encoding exactly
-    as :class:`~mutual_rl.policies.policy.Policy` does without prompt truncation, sampling settings."""
+    ``model.policy``, which loads presets): name, model, tokenizer, device, prompt rendering and encoding exactly
+    as :class:`~mutual_rl.model.policy.Policy` does without prompt truncation, sampling settings."""
 
     version = 0
 
     def __init__(self, name, model, tokenizer, prompt_template: str, chat_template: bool, max_new_tokens: int):
-        from mutual_rl.policies.spec import SamplingSpec
+        from mutual_rl.model.spec import SamplingSpec
 
         self.name, self.model, self.tokenizer = name, model, tokenizer
         self._template, self._chat = prompt_template, chat_template

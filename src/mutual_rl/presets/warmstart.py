@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from mutual_rl.policies.spec import WarmStart
+from mutual_rl.model.spec import WarmStart
 from mutual_rl.types import Problem
 
 

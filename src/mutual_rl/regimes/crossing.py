@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 import torch
 
-from mutual_rl.policies.lockstep import padded
 from mutual_rl.thl import align_traces, alignment_groups, residual_report
 from mutual_rl.thl.offsets import encode_batch_with_offsets
 from mutual_rl.types import CrossedRollout, Rollout, collate
+from mutual_rl.update.lockstep import padded
 
 
 def cross_rollouts(

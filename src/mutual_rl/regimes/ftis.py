@@ -32,7 +32,7 @@ As implemented, for receiver ``R`` and each of its groups ``g`` (prompt ``q``):
    per-token log-likelihood ratio of the response) *(ours: estimator, per-token mean)*; a response with
    ``Â < 0`` and ``KL > kl_threshold`` is dropped; ``Â ≥ 0`` is always kept. ``kl_threshold=None`` turns the
    filter off (plain TIS, an ablation).
-6. **Objective** ``ftis`` (``policies/objectives.py``; math in ``algorithms/ftis.py``): own rows the DAPO clipped
+6. **Objective** ``ftis`` (``update/objectives.py``; math in ``algorithms/ftis.py``): own rows the DAPO clipped
    surrogate with ``R``'s old policy; peer rows the same clipped surrogate against ``π_R,old`` with every token
    multiplied by ``w_t = min(exp(ℓ^R_old_t − ℓ^gen_t), is_cap)`` *(ours: the PPO clip kept on peer rows; at the
    first mini-batch the gradient is ``−w_t Â ∇logp_t``)*. Both parts use the mini-batch's global normalisers

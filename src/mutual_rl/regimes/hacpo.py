@@ -14,7 +14,7 @@ HACPO is a baseline (GRAFT's comparison). As implemented, for receiver ``R``:
 - **Baseline** ``b = mean_{j∈G(q)} r_j · ratio_{src(j)}``; the plain mean if all rewards in ``G(q)`` are
   identical; ``R``'s own mean reward if ``b > 1``. ``Â_j = (r_j − b) / (std(G(q)) + 1e-6)``, ``std`` unbiased
   (``torch.std``); a pooled group of size 1 has ``std = 0`` (and ``Â = 0``, its rewards being identical).
-- **Objective** ``hacpo`` (``policies/objectives.py``; math in ``algorithms/hacpo.py``), per sequence ``j`` with ``ℓ̄`` = mean token log-prob:
+- **Objective** ``hacpo`` (``update/objectives.py``; math in ``algorithms/hacpo.py``), per sequence ``j`` with ``ℓ̄`` = mean token log-prob:
   ``s_j = exp(clamp(ℓ̄_R − ℓ̄_src, ±10))``, ``ℓ̄_R`` under the current receiver policy (differentiable);
   ``ℓ̄_src`` = own rows: mean of ``R``'s old log-probs (``PolicyBatch.old_logp``); peer rows: mean of the
   source's own sampled trace in its own tokenization (extra ``src_mean_logp``).
@@ -59,10 +59,10 @@ from typing import Literal
 import torch
 
 from mutual_rl.algorithms.hacpo import capability_ratio, hacpo_advantages, lower_bound
-from mutual_rl.policies.lockstep import max_over_ranks, sum_over_ranks
 from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
 from mutual_rl.types import TrainingPlan, collate
+from mutual_rl.update.lockstep import max_over_ranks, sum_over_ranks
 
 LOWER_SCHEDULES = ("update", "step")
 

@@ -21,7 +21,7 @@ As implemented, for receiver ``R`` and each prompt ``q`` of its batch:
      aligned onto ``R``'s tokens by the THL (``granularity``, mass-preserving). The rows carry ``ℓ̃`` as their
      ``old_logp`` (the update never recomputes peer rows that are not marked ``needs_old_logp``, whatever
      ``algorithm.old_logp`` says); the batch's ``is_peer`` selects the rule. Objective
-     ``prp_tis`` (``policies/objectives.py``; math in ``algorithms/importance.py``), with ``is_cap``.
+     ``prp_tis`` (``update/objectives.py``; math in ``algorithms/importance.py``), with ``is_cap``.
 
 Truncated importance sampling *(ours; the paper says "truncated importance weights" without an equation)*,
 objective ``prp_tis``, per peer token with ``ρ_t = exp(clamp(logp_t − ℓ̃_t, ±20))``, ``C = is_cap``::

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.types import Problem, Rollout
 
 

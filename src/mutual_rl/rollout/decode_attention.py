@@ -29,7 +29,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from mutual_rl.policies.lm_head import base_model
+from mutual_rl.model.lm_head import base_model
 
 # what every case but the fast one goes to: the function registered as "sdpa" when the context was entered
 _delegate = [sdpa_attention_forward]

@@ -19,7 +19,7 @@ on the CPU the one-token decoding steps attend with two ``bmm`` instead of ``sdp
 
 Under FSDP with several processes (each rank generating for its own prompts) every rank runs the same number of
 ``generate`` calls -- missing ones as one-prompt dummies whose output is discarded -- with ``synced_gpus=True``,
-so ranks whose sequences finish early keep taking part in the others' forwards (``mutual_rl.policies.lockstep``).
+so ranks whose sequences finish early keep taking part in the others' forwards (``mutual_rl.update.lockstep``).
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from mutual_rl.policies.lm_head import base_model
-from mutual_rl.policies.lockstep import in_lockstep, padded
-from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.model.lm_head import base_model
+from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.rollout.base import RolloutEngine
 from mutual_rl.rollout.decode_attention import decode_attention
 from mutual_rl.strategies import generation_params
 from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Problem, Rollout
+from mutual_rl.update.lockstep import in_lockstep, padded
 
 
 class HFRolloutEngine(RolloutEngine):

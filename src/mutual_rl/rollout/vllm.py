@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mutual_rl.policies.spec import SamplingSpec
+from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.rollout.base import RolloutEngine
 from mutual_rl.rollout.vllm_process import (
     CPU_INSTALL_HINT,

@@ -120,7 +120,7 @@ def _named_weights(modules: Sequence[tuple[str, nn.Module]], clone: bool) -> Ite
 
 def plain_model(model: nn.Module) -> nn.Module:
     """The Hugging Face model inside a policy's model (under an FSDP root and a peft wrapper, if any)."""
-    from mutual_rl.policies.lm_head import base_model
+    from mutual_rl.model.lm_head import base_model
     from mutual_rl.strategies import unwrap
 
     return base_model(unwrap(model))

@@ -63,9 +63,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from mutual_rl.distributed import rank_and_world
-from mutual_rl.policies.lockstep import max_over_ranks
 from mutual_rl.rewards import RewardError
 from mutual_rl.types import Problem, PromptBatch, Rollout, ScoredGroup
+from mutual_rl.update.lockstep import max_over_ranks
 
 EXTRA_GROUP_IDS = 2**50
 """First group id of the extra rounds' groups (the stream's ids ``batch.offset + i`` stay below it)."""
@@ -126,7 +126,7 @@ def dynamic_sample(generate: Generate, score: Score, batch: PromptBatch, *, step
     """One policy's training groups of ``step`` under dynamic sampling, and its metrics (module docstring).
 
     ``generate(problems, group_id_base)`` samples the policy's rollouts (one list per problem), ``score(problems,
-    per_prompt)`` scores them (:func:`mutual_rl.policies.scoring.score_groups`). ``lockstep``: the policy is
+    per_prompt)`` scores them (:func:`mutual_rl.update.scoring.score_groups`). ``lockstep``: the policy is
     sharded over several processes, so every rank runs the same number of ``generate`` calls.
     """
     pool, seed = training_pool(datamodule)

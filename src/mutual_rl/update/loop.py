@@ -11,7 +11,7 @@ takes its optimizer step with zero gradients (AdamW's moments and weight decay m
 A regime's NLL term (SGT) acts on its own rows (``TrainingPlan.nll``), never on the skipped ones, so the skip
 stays exact with it.
 
-Objectives come from the ``policies.objectives`` registry (``dapo`` by default; regimes may register their own,
+Objectives come from the ``update.objectives`` registry (``dapo`` by default; regimes may register their own,
 e.g. HACPO's sequence-level objective); the NLL term of mini-batch ``i`` is added before its optimizer step.
 """
 
@@ -20,81 +20,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 
 from mutual_rl.algorithms import masked_mean, zero_advantage_skip_mask
-from mutual_rl.policies.lockstep import in_lockstep, max_over_ranks, padded, sum_over_ranks, world_size
-from mutual_rl.policies.objectives import get_objective
 from mutual_rl.strategies import clip_grad_norm_
 from mutual_rl.types import NLLTerm, PolicyBatch, TrainingPlan
-
-
-@dataclass
-class GRPOConfig:
-    """GRPO/DAPO settings shared by all policies (docs/methods.md §1; defaults from GRAFT Table 3 and DAPO)."""
-
-    clip_low: float = 0.2
-    """Lower clip ε_low of the token ratio."""
-    clip_high: float = 0.28
-    """Upper clip ε_high (DAPO clip-higher)."""
-    dual_clip: float | None = None
-    """Dual-clip constant c > 1 for negative advantages (off by default)."""
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
-    """Loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum-norm."""
-    scale: Literal["group", "none"] = "group"
-    """Advantage scale: group (divide by the group std) | none (Dr.GRPO)."""
-    eps: float = 1e-6
-    kl_coef: float = 0.0
-    """β of the KL penalty to the reference (0 = off; with LoRA the reference is the adapter-free base)."""
-    kl_kind: Literal["k1", "k2", "k3"] = "k3"
-    """KL estimator: k1 | k2 | k3."""
-    ppo_epochs: int = 1
-    num_mini_batches: int = 4
-    """Optimizer steps per policy per epoch (mini-batch = 1/4 of the step's responses by default)."""
-    micro_batch_size: int = 0
-    """Rows per forward/backward (0 = a whole mini-batch at once); changes no gradient."""
-    old_logp: Literal["recompute", "rollout"] = "recompute"
-    """Behaviour log-probs: recompute (trainer forward before the update) | rollout (the sampler's trace)."""
-    success_threshold: float = 0.0
-    """A response with reward above this counts as a success."""
-    skip_zero_advantage: bool = True
-    """Skip forward/backward of zero-advantage rows (no gradient change; see module docstring)."""
-    on_nonfinite: Literal["raise", "skip"] = "raise"
-    """A non-finite advantage, loss or gradient: raise (stop with an error naming the policy and the quantity) |
-    skip (refuse that optimizer step, leave the weights and AdamW state as they were, count it in nonfinite_skipped)."""
-    dynamic_sampling: bool = False
-    """DAPO dynamic sampling: drop each policy's groups whose rewards are all equal (all-pass, all-fail) and sample
-    extra training prompts until it holds data.batch_size mixed groups; only with model.regime: none
-    (docs/methods.md section 1)."""
-    dynamic_sampling_max_rounds: int = 9
-    """Dynamic sampling: at most this many extra rounds of data.batch_size prompts per policy and step, then train
-    on the mixed groups found (logged as limit_hit); 0 = filter only."""
-
-    def loss_kwargs(self) -> dict:
-        """The scalars every objective takes (``policies.objectives``): clip bounds, dual clip, aggregation, KL."""
-        return {"clip_low": self.clip_low, "clip_high": self.clip_high, "dual_clip": self.dual_clip,
-                "agg": self.agg, "kl_coef": self.kl_coef, "kl_kind": self.kl_kind}
-
-    def __post_init__(self):
-        from mutual_rl.algorithms import ADVANTAGE_SCALES, AGGREGATIONS, KL_ESTIMATORS
-
-        for name, value, choices in (
-            ("agg", self.agg, AGGREGATIONS), ("scale", self.scale, ADVANTAGE_SCALES),
-            ("kl_kind", self.kl_kind, KL_ESTIMATORS), ("old_logp", self.old_logp, ("recompute", "rollout")),
-            ("on_nonfinite", self.on_nonfinite, NONFINITE_ACTIONS),
-        ):
-            if value not in choices:
-                raise ValueError(f"algorithm.{name}={value!r} is not one of: {', '.join(choices)}.")
-        if self.ppo_epochs < 1 or self.num_mini_batches < 1 or self.micro_batch_size < 0:
-            raise ValueError("algorithm.ppo_epochs and num_mini_batches must be >= 1, micro_batch_size >= 0.")
-        if self.dynamic_sampling_max_rounds < 0:
-            raise ValueError(f"algorithm.dynamic_sampling_max_rounds must be >= 0 (0 = filter only, no extra rounds), "
-                             f"got {self.dynamic_sampling_max_rounds}.")
-
-
-NONFINITE_ACTIONS = ("raise", "skip")
+from mutual_rl.update.config import GRPOConfig
+from mutual_rl.update.lockstep import in_lockstep, max_over_ranks, padded, sum_over_ranks, world_size
+from mutual_rl.update.objectives import get_objective
 
 #: metrics of :func:`update_policy` that describe the whole update (every other key is a token-weighted mean over
 #: the tokens trained, absent when none was)

@@ -5,7 +5,7 @@ Layout under the export root (``model.export_dir``, default ``<log_dir>/export``
     <root>/<policy>/                 the end of fit
     <root>/step-000100/<policy>/     after training step 100 (export_every_n_steps: 100)
 
-Each folder holds what :meth:`~mutual_rl.policies.policy.Policy.export` writes (full weights, or the LoRA adapters)
+Each folder holds what :meth:`~mutual_rl.model.policy.Policy.export` writes (full weights, or the LoRA adapters)
 and the policy's tokenizer, so ``AutoModelForCausalLM.from_pretrained(folder)`` (or peft's loader for adapters)
 reloads it. A folder is written under a temporary name and renamed into place, so a run stopped mid-export never
 leaves a half-written checkpoint under the final name (see :func:`export_policies`).

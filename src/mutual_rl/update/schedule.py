@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from mutual_rl.policies.spec import OptimizerSpec
+from mutual_rl.model.spec import OptimizerSpec
 
 
 def needs_decay_end(o: OptimizerSpec) -> bool:
