@@ -70,7 +70,7 @@ if [ "${#MISSING[@]}" -gt 0 ]; then
   $PY -m pip install -q --no-index --find-links "$WHEELS" "${MISSING[@]}" \
     || fail "environment (installing ${MISSING[*]} from $WHEELS)"
 fi
-$PY -c "import mutual_rl, mutual_rl.module, tests.trainer.helpers; print('mutual_rl from', mutual_rl.__file__)" \
+$PY -c "import mutual_rl, mutual_rl.module, tests.module.helpers; print('mutual_rl from', mutual_rl.__file__)" \
   || fail "environment (mutual_rl does not import)"
 echo "PASS: environment ($(elapsed))"
 

@@ -11,10 +11,10 @@ from mutual_rl.rewards import register_reward
 from mutual_rl.rewards.base import available_rewards
 
 torch.set_num_threads(1)
-# presets build in this process (not in the pinned worker: ~8 s of start-up per build); tests/test_presets.py
+# presets build in this process (not in the pinned worker: ~8 s of start-up per build); tests/presets/test_presets.py
 # tests the worker itself
 os.environ["MUTUAL_RL_PRESET_BUILD"] = "inprocess"
-# and without their quality report (minutes on tiny:qwen-vocab's 151k vocabulary); tests/test_presets.py turns it on
+# and without their quality report (minutes on tiny:qwen-vocab's 151k vocabulary); tests/presets/test_presets.py turns it on
 os.environ["MUTUAL_RL_PRESET_REPORT"] = "0"
 
 if "test_parity" not in available_rewards():

@@ -21,7 +21,7 @@ from mutual_rl.data.task import ArithmeticTask  # noqa: E402
 from mutual_rl.model.policy import build_policy  # noqa: E402
 from mutual_rl.rollout.vllm_sync import _walk, hf_weights  # noqa: E402
 from mutual_rl.strategies import clean_name, shard_model  # noqa: E402
-from tests.trainer.helpers import TASK, spec  # noqa: E402
+from tests.module.helpers import TASK, spec  # noqa: E402
 
 
 def unit_params(model) -> list[list[tuple[str, torch.nn.Parameter]]]:

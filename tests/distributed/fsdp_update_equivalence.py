@@ -31,7 +31,7 @@ from mutual_rl.types import collate  # noqa: E402
 from mutual_rl.update.config import GRPOConfig  # noqa: E402
 from mutual_rl.update.loop import update_policy  # noqa: E402
 from mutual_rl.update.scoring import score_groups  # noqa: E402
-from tests.trainer.helpers import TASK, spec  # noqa: E402
+from tests.module.helpers import TASK, spec  # noqa: E402
 
 PROMPTS_PER_RANK, N, LR = 4, 4, 0.5
 MINI, MICRO = int(os.environ.get("EQ_MINI", 2)), int(os.environ.get("EQ_MICRO", 3))

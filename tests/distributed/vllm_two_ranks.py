@@ -23,7 +23,7 @@ from mutual_rl.model.spec import SamplingSpec  # noqa: E402
 from mutual_rl.rollout import vllm as V  # noqa: E402
 from mutual_rl.strategies import shard_model  # noqa: E402
 from mutual_rl.types import Problem  # noqa: E402
-from tests.trainer.helpers import TASK, spec  # noqa: E402
+from tests.module.helpers import TASK, spec  # noqa: E402
 
 PROBLEMS = [Problem(1, "3+4=", "7", "add"), Problem(2, "12+34=", "46", "add")]
 SAMPLING = SamplingSpec(n=4, temperature=1.0, max_new_tokens=6)

@@ -19,7 +19,7 @@ from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.rewards import integer_match
 from mutual_rl.rollout.hf import HFRolloutEngine
 from mutual_rl.types import Problem
-from tests.trainer.helpers import TASK, spec
+from tests.module.helpers import TASK, spec
 
 PROBLEMS = [Problem(1, "2+3=", "5", "add"), Problem(2, "7-4=", "3", "sub")]
 SAMPLES = {  # policy -> prompt_id -> k = 4 responses

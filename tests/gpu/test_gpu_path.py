@@ -26,7 +26,7 @@ from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.module import MutualRLModule
 from mutual_rl.types import Problem
 from mutual_rl.update.config import GRPOConfig
-from tests.trainer.helpers import TASK, RecordMetrics, datamodule, spec
+from tests.module.helpers import TASK, RecordMetrics, datamodule, spec
 
 ON_CPU = os.environ.get("MUTUAL_RL_GPU_TESTS_ON_CPU") == "1"
 ACCELERATOR = "cpu" if ON_CPU else "gpu"

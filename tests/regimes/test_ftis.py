@@ -308,7 +308,7 @@ def test_two_trainer_steps_train_and_account_for_every_response(tmp_path):
 
     from mutual_rl.exchange import ExperienceExchange
     from mutual_rl.module import MutualRLModule
-    from tests.trainer.helpers import RecordMetrics, datamodule, pair, trainer
+    from tests.module.helpers import RecordMetrics, datamodule, pair, trainer
 
     pl.seed_everything(0)
     m = MutualRLModule(pair(), algorithm=GRPOConfig(num_mini_batches=2), regime=get_regime("ftis", kl_threshold=0.0),

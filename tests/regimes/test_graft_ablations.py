@@ -174,7 +174,7 @@ ABLATIONS = [
 def test_ablation_two_trainer_steps(args, tmp_path, monkeypatch):
     """Two steps of each ablation (KL on, three policies, prompts repeated within a batch): every plan keeps the
     ablation's rule, every delivered response is accounted for, and every policy's weights change."""
-    from tests.trainer.test_regime_options import run
+    from tests.regimes.test_regime_options import run
 
     plans = []
     original = GRAFT.plan

@@ -25,7 +25,7 @@ from mutual_rl.rewards import (
 from mutual_rl.rewards.base import available_rewards
 from mutual_rl.types import Problem, Rollout
 from mutual_rl.update.scoring import score_groups
-from tests.trainer.helpers import RecordMetrics
+from tests.module.helpers import RecordMetrics
 
 CALLS: list[dict] = []  # what the registered TRL-style rewards below were called with
 
@@ -232,7 +232,7 @@ def test_a_run_with_a_dataset_and_a_weighted_list_logs_each_term(tmp_path):
     from mutual_rl.data.datamodule import PromptDataModule
     from mutual_rl.data.hf_datasets import HFDataset
     from mutual_rl.module import MutualRLModule
-    from tests.trainer.helpers import trainer
+    from tests.module.helpers import trainer
 
     rows = {"q": [f"{a}+{a}=" for a in range(1, 9)], "a": [str(2 * a) for a in range(1, 9)],
             "target": [a % 5 + 1 for a in range(1, 9)]}  # 5: longer than any response

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mutual_rl.rollout.hf import HFRolloutEngine
-from tests.trainer.test_shared_prompts import PROBLEMS
+from tests.model.test_shared_prompts import PROBLEMS
 
 
 def sampled(policy, sampling, seed: int, problems=PROBLEMS, **engine_attrs):

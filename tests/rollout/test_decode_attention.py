@@ -15,9 +15,9 @@ import mutual_rl.rollout.decode_attention as da
 from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.model.policy import build_policy
 from mutual_rl.model.spec import SamplingSpec
+from tests.model.test_shared_prompts import PROBLEMS
+from tests.module.helpers import TASK, spec
 from tests.rollout.helpers import assert_same_rollouts, sampled
-from tests.trainer.helpers import TASK, spec
-from tests.trainer.test_shared_prompts import PROBLEMS
 
 
 def _inputs(b=3, h=4, hkv=2, length=7, d=8, q=1, buffer=11, seed=0):

@@ -11,8 +11,8 @@ from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.model.policy import build_policy
 from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.rollout.hf import SampledLogProbs
+from tests.module.helpers import TASK, spec
 from tests.rollout.helpers import assert_same_rollouts, sampled
-from tests.trainer.helpers import TASK, spec
 
 
 @pytest.mark.parametrize("name, lora", [("tiny:gpt2-bpe", True), ("tiny:llama-char", False)])

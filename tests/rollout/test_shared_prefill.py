@@ -11,9 +11,9 @@ from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.model.policy import build_policy
 from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.rollout.hf import HFRolloutEngine, shared_prompt_cache
+from tests.model.test_shared_prompts import PROBLEMS
+from tests.module.helpers import TASK, spec
 from tests.rollout.helpers import assert_same_rollouts, sampled
-from tests.trainer.helpers import TASK, spec
-from tests.trainer.test_shared_prompts import PROBLEMS
 
 
 def _embedding_batches(policy):

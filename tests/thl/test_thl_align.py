@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from thl_reference import reference_align, reference_groups
 
 from mutual_rl.thl import AlignmentGroup, align_trace, align_traces, alignment_groups
+from tests.thl.thl_reference import reference_align, reference_groups
 
 F64 = torch.float64
 

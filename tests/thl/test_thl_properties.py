@@ -9,12 +9,12 @@ tokenizers with ``span`` return the trace unchanged.
 import numpy as np
 import pytest
 import torch
-from conftest import FAMILIES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from thl_reference import reference_groups
 
 from mutual_rl.thl import align_trace, align_traces, alignment_groups, encode_with_offsets
+from tests.thl.conftest import FAMILIES
+from tests.thl.thl_reference import reference_groups
 
 ADVERSARIAL = [
     "12345", "3.14159", "-7", "1,000,000", "\\frac{a}{b}", "$x^2$", "\\sum_{i=1}^{n} i", "def f(x):",

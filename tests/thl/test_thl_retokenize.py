@@ -2,10 +2,8 @@
 
 import pytest
 import torch
-from conftest import FAMILIES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_thl_properties import texts
 
 from mutual_rl.thl import (
     align_trace,
@@ -16,6 +14,8 @@ from mutual_rl.thl import (
     prompt_ids,
     retokenize,
 )
+from tests.thl.conftest import FAMILIES
+from tests.thl.test_thl_properties import texts
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -21,7 +21,7 @@ from mutual_rl.rewards import register_reward
 from mutual_rl.rewards.base import available_rewards
 from mutual_rl.step.dynamic import EXTRA_GROUP_IDS, extra_group_id_base, extra_prompts, has_variance
 from mutual_rl.update.config import GRPOConfig
-from tests.trainer.helpers import RecordMetrics, datamodule, pair, spec, trainer
+from tests.module.helpers import RecordMetrics, datamodule, pair, spec, trainer
 
 MIXED: dict[str, set[str]] = {"texts": set()}  # problem texts whose groups get mixed rewards (the test's rule)
 

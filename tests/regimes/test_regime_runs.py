@@ -11,7 +11,7 @@ from mutual_rl.exchange import ExperienceExchange
 from mutual_rl.module import MutualRLModule
 from mutual_rl.regimes import get_regime
 from mutual_rl.update.config import GRPOConfig
-from tests.trainer.helpers import datamodule, pair, spec, trainer
+from tests.module.helpers import datamodule, pair, spec, trainer
 
 
 def _trio():

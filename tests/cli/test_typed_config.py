@@ -12,7 +12,7 @@ import yaml
 from mutual_rl.cli import load_config, main
 from mutual_rl.regimes import FTIS, GRAFT, HACPO, PRP, SGT, XGRPO, NoSharing
 
-CONFIGS = Path(__file__).parents[1] / "configs"
+CONFIGS = Path(__file__).parents[2] / "configs"
 
 
 def _run(args, capsys) -> str:

@@ -16,7 +16,7 @@ from mutual_rl.exchange.records import groups_from_records
 from mutual_rl.module import MutualRLModule
 from mutual_rl.regimes import get_regime
 from mutual_rl.update.config import GRPOConfig
-from tests.trainer.helpers import datamodule, pair, trainer
+from tests.module.helpers import datamodule, pair, trainer
 
 
 def _fit(tmp_path, args):

@@ -9,7 +9,7 @@ from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.model.policy import build_policy
 from mutual_rl.rollout.hf import HFRolloutEngine
 from mutual_rl.types import Problem, collate
-from tests.trainer.helpers import TASK, spec
+from tests.module.helpers import TASK, spec
 
 PROBLEMS = [Problem(1, "3+4=", "7", "add"), Problem(2, "12+34=", "46", "add"), Problem(3, "99-9=", "90", "sub")]
 

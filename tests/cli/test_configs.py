@@ -14,7 +14,7 @@ import yaml
 
 from mutual_rl.cli import load_config, main
 
-CONFIGS = sorted((Path(__file__).parents[1] / "configs").rglob("*.yaml"))
+CONFIGS = sorted((Path(__file__).parents[2] / "configs").rglob("*.yaml"))
 CPU_CONFIGS = [c for c in CONFIGS if "gpu" not in c.parts and "real" not in c.parts]
 # configs/real/ loads a 135 M-parameter checkpoint (~45 s each): its 2-step run is tests/real/test_real_pair.py
 REAL_CONFIGS = [c for c in CONFIGS if "real" in c.parts]

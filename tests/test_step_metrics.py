@@ -17,7 +17,7 @@ from mutual_rl.regimes import SGT
 from mutual_rl.rewards import register_reward
 from mutual_rl.rewards.base import available_rewards
 from mutual_rl.step_metrics import fill_absent
-from tests.trainer.helpers import datamodule, module, pair, trainer
+from tests.module.helpers import datamodule, module, pair, trainer
 
 if "test_len_mod3" not in available_rewards():
 

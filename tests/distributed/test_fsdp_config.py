@@ -10,7 +10,7 @@ from torch import nn
 
 from mutual_rl.model.policy import build_policy
 from mutual_rl.strategies import MutualFSDPStrategy, clip_grad_norm_, decoder_layer_names, full_params
-from tests.trainer.helpers import pair
+from tests.module.helpers import pair
 
 
 @pytest.fixture(scope="module")

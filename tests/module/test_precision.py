@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from tests.trainer.helpers import datamodule, module, pair, trainer
+from tests.module.helpers import datamodule, module, pair, trainer
 
 
 def test_rl_sized_updates_round_away_in_bfloat16():

@@ -8,7 +8,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from mutual_rl.allocation import Budget
 from mutual_rl.callbacks import ResourceAllocation
-from tests.trainer.helpers import datamodule, module, pair, trainer
+from tests.module.helpers import datamodule, module, pair, trainer
 
 
 class _Spy(Callback):

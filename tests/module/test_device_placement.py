@@ -28,7 +28,7 @@ from mutual_rl.regimes import get_regime
 from mutual_rl.rewards.combined import GroupScore, Reward
 from mutual_rl.update.config import GRPOConfig
 from tests.device_check import DEVICE, SIM, SimulatedDevice, tag_of
-from tests.trainer.helpers import TASK, RecordMetrics, spec, trainer
+from tests.module.helpers import TASK, RecordMetrics, spec, trainer
 
 
 class ScriptedReward(Reward):

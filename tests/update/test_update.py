@@ -12,7 +12,7 @@ from mutual_rl.rollout.hf import HFRolloutEngine
 from mutual_rl.types import TrainingPlan, collate
 from mutual_rl.update.config import GRPOConfig
 from mutual_rl.update.loop import update_policy
-from tests.trainer.helpers import TASK, spec
+from tests.module.helpers import TASK, spec
 
 
 @pytest.fixture(scope="module", params=["tiny:gpt2-bpe", "tiny:llama-char"])

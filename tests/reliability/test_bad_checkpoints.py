@@ -1,13 +1,12 @@
-"""CLI and resume reliability: no Lightning auto-optimizer, resume by policy name with changed optimizer settings,
-atomic checkpoint writes, clear errors for bad checkpoints and configs, greedy evaluation at temperature 0, and a
-SIGKILLed run that resumes to exactly the uninterrupted result."""
+"""Checkpoints and resume (the catalogue's checkpoint lines): resume by policy name with changed optimizer settings,
+atomic checkpoint writes, clear errors for bad ``--ckpt_path``, and a SIGKILLed run that resumes to exactly the
+uninterrupted result."""
 
 from __future__ import annotations
 
 import errno
 import io
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -15,7 +14,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
@@ -23,22 +21,15 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-import mutual_rl.evaluation.validation as validation
 from mutual_rl.callbacks.checkpointing import AtomicCheckpointIO
 from mutual_rl.cli import build_cli, main
-from mutual_rl.evaluation import EvalConfig, Evaluator
-from mutual_rl.exchange import ExperienceExchange
-from mutual_rl.model.spec import SamplingSpec
-from mutual_rl.module import MutualRLModule
-from mutual_rl.rewards import integer_match
-from mutual_rl.types import Problem
-from tests.trainer.helpers import datamodule, module, pair, spec, trainer
+from tests.module.helpers import datamodule, module, pair, spec, trainer
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def parity(completion: str, answer: str) -> float:
-    """Reward for the subprocess runs (``tests.reliability.test_cli_and_resume:parity``): even length -> 1."""
+    """Reward for the subprocess runs (``tests.reliability.test_bad_checkpoints:parity``): even length -> 1."""
     return float(len(completion) % 2 == 0)
 
 
@@ -51,34 +42,6 @@ def _no_pytest_argv(monkeypatch):
 def _policy_cfg(name: str, model: str, lr: float = 1e-3) -> dict:
     return {"name": name, "model": model, "warmstart": {"steps": 20}, "sampling": {"n": 4, "max_new_tokens": 5},
             "optimizer": {"lr": lr, "weight_decay": 0.0}}
-
-
-# ------------------------------------------------------------------------------ 1. no --optimizer / --lr_scheduler
-def test_optimizer_option_is_a_parse_error_naming_the_per_policy_setting(capsys):
-    with pytest.raises(SystemExit) as e:
-        main(["fit", "--optimizer", "Adam", "--model.policies", "[{name: a, model: 'tiny:gpt2-bpe'}]"])
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert "--optimizer is not an option of mutual-rl" in err and "model.policies[i].optimizer" in err
-
-
-def test_optimizer_key_in_a_config_file_is_a_parse_error(tmp_path, capsys):
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({"lr_scheduler": {"class_path": "torch.optim.lr_scheduler.StepLR"},
-                                   "model": {"policies": [{"name": "a", "model": "tiny:gpt2-bpe"}]}}))
-    with pytest.raises(SystemExit):
-        main(["fit", "--config", str(cfg)])
-    err = capsys.readouterr().err
-    assert f"lr_scheduler (in {cfg}) is not an option of mutual-rl" in err and "model.policies[i].optimizer" in err
-
-
-def test_help_does_not_list_optimizer_or_lr_scheduler(capsys):
-    with pytest.raises(SystemExit) as e:
-        main(["fit", "--help"])
-    assert e.value.code == 0
-    out = capsys.readouterr().out
-    assert "--model.policies" in out
-    assert "--optimizer" not in out and "--lr_scheduler" not in out
 
 
 # ---------------------------------------------------------------- 2. resume: policies by name, changed settings
@@ -266,86 +229,6 @@ def test_lightning_checkpoint_without_mutual_rl_state_is_an_error(tmp_path):
     with pytest.raises(ValueError, match=f"checkpoint '{other}' is not a mutual-rl checkpoint"):
         trainer(tmp_path / "b", max_steps=2).fit(module([spec("g", "tiny:gpt2-bpe")]), datamodule=datamodule(),
                                                  ckpt_path=other)
-
-
-# ---------------------------------------------------------------------------- 5. evaluation.temperature: 0
-class _NoSampling:
-    def generate(self, *args, **kwargs):
-        raise AssertionError("temperature 0 must not sample")
-
-
-def test_eval_temperature_zero_is_greedy(monkeypatch):
-    greedy = {1: "5", 2: "0"}  # right, wrong
-    calls = []
-
-    def fake_greedy(policy, problems, max_new, batch_size):
-        calls.append(len(problems))
-        return [greedy[p.prompt_id] for p in problems]
-
-    monkeypatch.setattr(validation, "greedy_generate", fake_greedy)
-    ev = Evaluator(EvalConfig(k=4, temperature=0), integer_match, _NoSampling())
-    ev.start(0)
-    policy = SimpleNamespace(name="A", spec=SimpleNamespace(sampling=SamplingSpec(max_new_tokens=5)),
-                             device=torch.device("cpu"))
-    ev.add(policy, [Problem(1, "2+3=", "5", "add"), Problem(2, "7-4=", "3", "sub")])
-    out = ev.finish()["A"]
-    assert out["pass@1"] == out["pass@4"] == out["maj@4"] == out["greedy"] == 0.5
-    assert calls == [2]  # decoded once, reused for the greedy metric
-
-
-def test_negative_eval_temperature_names_the_setting():
-    with pytest.raises(ValueError, match=r"evaluation.temperature must be >= 0 \(got -0.5\); 0 decodes greedily"):
-        EvalConfig(temperature=-0.5)
-
-
-# ------------------------------------------------------------------------------------- 6. regime configuration
-def test_regimes_are_typed_per_receiver_with_one_success_threshold():
-    """model.regime and a policy's own regime are Regime objects (class_path/init_args in a config); every
-    receiver gets its own instance; success_threshold comes from algorithm only."""
-    from mutual_rl.regimes import GRAFT, SGT
-    from mutual_rl.update.config import GRPOConfig
-
-    specs = pair()
-    specs[1].regime = GRAFT(delta=0.5)
-    m = MutualRLModule(specs, regime=SGT(coef=0.3), algorithm=GRPOConfig(success_threshold=0.5))
-    a, b = m.regimes["gpt2"], m.regimes["llama"]
-    assert isinstance(a, SGT) and a.coef == 0.3 and isinstance(b, GRAFT) and b.delta == 0.5
-    assert a.success_threshold == b.success_threshold == 0.5
-    m2 = MutualRLModule(pair(), regime="hacpo")
-    assert m2.regimes["gpt2"] is not m2.regimes["llama"]  # regimes keep state: one instance per receiver
-
-
-def test_removed_regime_args_key_is_a_parse_error_naming_it(tmp_path, capsys):
-    cfg = tmp_path / "old.yaml"
-    cfg.write_text("model:\n  policies: [{name: a, model: tiny:gpt2-bpe}, {name: b, model: tiny:llama-char}]\n"
-                   "  regime: sgt\n  regime_args: {coef: 0.3}\n")
-    with pytest.raises(SystemExit):
-        main(["fit", "--config", str(cfg), "--print_config"])
-    assert "regime_args" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("own", [False, True])
-def test_sharing_regime_with_a_single_policy_is_an_error(tmp_path, own):
-    s = spec("g", "tiny:gpt2-bpe")
-    if own:
-        s.regime = "xgrpo"
-    m = MutualRLModule([s], regime="none" if own else "sgt", reward="test_parity")
-    where, name = ("model.policies[0].regime", "xgrpo") if own else ("model.regime", "sgt")
-    w = re.escape(where)
-    with pytest.raises(ValueError, match=rf"{w} is '{name}', a sharing regime, but model.policies has the "
-                                         rf"single policy 'g'.*set {w}: none"):
-        trainer(tmp_path, max_steps=1).fit(m, datamodule=datamodule())
-
-
-def test_sharing_regime_with_a_single_policy_and_a_replayed_peer_is_allowed(tmp_path):
-    m = MutualRLModule([spec("g", "tiny:gpt2-bpe")], regime="sgt", reward="test_parity")
-    (tmp_path / "rec").mkdir()
-    ex = ExperienceExchange(replay_dir=str(tmp_path / "rec"), replay_policies=["peer"])
-    m.trainer = trainer(tmp_path, max_steps=2, callbacks=[ex])
-    m.setup("fit")  # no error: the replayed peer is the one to learn from
-    m.trainer = trainer(tmp_path, max_steps=2)
-    with pytest.raises(ValueError, match="a sharing regime"):  # the same without it
-        m.setup("fit")
 
 
 # ------------------------------------------------------------------------- 7. kill -9 mid-run, then resume

@@ -1,24 +1,21 @@
-"""Rewards that hang or fail, and prompts that do not fit a policy's context, as a run meets them.
+"""Rewards that hang or fail, as a run meets them.
 
 The rewards below are given to the module as ``package.module:function`` names, like a user's own reward.
 """
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 import torch
 
-from mutual_rl.data.datamodule import PromptDataModule
 from mutual_rl.model.spec import PolicySpec, SamplingSpec, WarmStart
 from mutual_rl.module import MutualRLModule
 from mutual_rl.rewards import RewardError
 from mutual_rl.types import Problem, PromptBatch, Rollout
-from tests.trainer.helpers import trainer
 
-HERE = "tests.reliability.test_rewards_and_data"
+HERE = "tests.reliability.test_bad_rewards"
 
 
 def sleep_forever(completion: str, answer: str) -> float:
@@ -143,51 +140,3 @@ def test_math_verify_timeouts_are_counted_per_policy(preset_cache):
         verifier_for(0.5).close()
     assert (metrics["reward_timeouts"], metrics["reward_errors"]) == (1.0, 0.0)  # counted, not raised
     assert groups[0].rewards.tolist() == [0.0, 1.0]
-
-
-@pytest.mark.parametrize(
-    ("kw", "message"),
-    [
-        ({"reward_errors": "ignore"}, r"model.reward_errors must be one of raise, skip \(got 'ignore'\)"),
-        ({"reward_timeout_s": -1}, r"model.reward_timeout_s must be a finite number of seconds > 0 \(got -1\)"),
-        ({"prompt_overflow": "cut"}, r"model.prompt_overflow must be one of error, truncate \(got 'cut'\)"),
-    ],
-)
-def test_settings_are_checked_when_the_module_is_built(kw, message):
-    with pytest.raises(ValueError, match=message):
-        MutualRLModule([_spec()], **kw)
-
-
-def _prompt_file(tmp_path, problems: list[str]):
-    path = tmp_path / "prompts.jsonl"
-    path.write_text("\n".join(json.dumps({"problem": p, "answer": "1"}) for p in problems) + "\n")
-    return path
-
-
-LONG = "1" * 300 + "+1="
-
-
-def test_prompt_longer_than_the_context_fails_at_set_up(tmp_path, preset_cache):
-    dm = PromptDataModule(train_files=[str(_prompt_file(tmp_path, ["1+1=", LONG, "2+3=", "4+4="]))], batch_size=2)
-    m = MutualRLModule([_spec()], reward="test_parity", log_samples_every_n_steps=0)
-    with pytest.raises(ValueError) as err:
-        trainer(tmp_path, max_steps=1).fit(m, datamodule=dm)
-    msg = str(err.value)
-    assert "policy 'char' (tiny:llama-char): 1 of 4 prompts do not fit its context length 256" in msg
-    assert f"prompt {10**9 + 1} '1111" in msg  # file rows are numbered from 10**9
-    assert "304 prompt tokens + 5 (sampling.max_new_tokens) = 309 > 256" in msg
-    assert "model.prompt_overflow: truncate" in msg
-
-
-def test_truncate_mode_trains_on_the_prompt_tail(tmp_path, preset_cache):
-    dm = PromptDataModule(train_files=[str(_prompt_file(tmp_path, ["1+1=", LONG]))], batch_size=2)
-    gpt2 = PolicySpec(name="bpe", model="tiny:gpt2-bpe", warmstart=WarmStart(steps=0),
-                      sampling=SamplingSpec(n=2, max_new_tokens=5))  # learned positions: 256 is a hard limit
-    m = MutualRLModule([_spec(), gpt2], reward="test_parity", log_samples_every_n_steps=0,
-                       prompt_overflow="truncate", eval_at_start=False)
-    fit = trainer(tmp_path, max_steps=1)
-    fit.fit(m, datamodule=dm)  # the batch holds the long prompt
-    assert fit.global_step == 1
-    assert m.prompts_truncated == {"char": 1, "bpe": 1}
-    for policy in m.policies.values():
-        assert len(policy.encode_prompt(policy.render_prompt(LONG))) == 256 - 5

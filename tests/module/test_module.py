@@ -7,7 +7,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from tests.trainer.helpers import datamodule, module, pair, trainer
+from tests.module.helpers import datamodule, module, pair, trainer
 
 
 def _snapshot(m):

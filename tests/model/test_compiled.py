@@ -1,6 +1,6 @@
 """PolicySpec.compile: the training forwards through torch.compile give the eager values, entropies and gradients
 (shared prompts, chunked head, LoRA), reuse the compiled code for new batch and response sizes, add nothing to the
-module tree, and fail clearly without a C++ compiler (FSDP refuses compiled policies: tests/test_fsdp_config.py)."""
+module tree, and fail clearly without a C++ compiler (FSDP refuses compiled policies: tests/distributed/test_fsdp_config.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from mutual_rl.model.compiled import training_model
 from mutual_rl.model.policy import build_policy
 from mutual_rl.rollout.hf import HFRolloutEngine
 from mutual_rl.types import Problem, collate
-from tests.trainer.helpers import TASK, spec
-from tests.trainer.test_shared_prompts import PROBLEMS, logp_entropy_and_grads
+from tests.model.test_shared_prompts import PROBLEMS, logp_entropy_and_grads
+from tests.module.helpers import TASK, spec
 
 MORE = [Problem(4, "5+5=", "10", "add"), Problem(5, "70-13=", "57", "sub")]
 

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from mutual_rl.model.spec import OptimizerSpec
 from mutual_rl.resume import apply_optimizer_settings
 from mutual_rl.update.schedule import decay_end, lr_factor
-from tests.trainer.helpers import datamodule, module, pair, trainer
+from tests.module.helpers import datamodule, module, pair, trainer
 
 
 def test_lr_factor_hand_values():

@@ -20,8 +20,8 @@ from mutual_rl.types import TrainingPlan, collate
 from mutual_rl.update.config import GRPOConfig
 from mutual_rl.update.loop import NonFiniteUpdateError, update_policy
 from mutual_rl.update.objectives import dapo, get_objective, register_objective
+from tests.module.helpers import TASK, RecordMetrics, datamodule, module, pair, spec, trainer
 from tests.regimes.scenario import FakeReceiver, make_group
-from tests.trainer.helpers import TASK, RecordMetrics, datamodule, module, pair, spec, trainer
 
 
 @pytest.fixture(scope="module")

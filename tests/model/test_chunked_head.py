@@ -13,8 +13,8 @@ from mutual_rl.model.lm_head import plain_head
 from mutual_rl.model.policy import build_policy
 from mutual_rl.rollout.hf import HFRolloutEngine
 from mutual_rl.types import collate
-from tests.trainer.helpers import TASK, spec
-from tests.trainer.test_shared_prompts import PROBLEMS, logp_entropy_and_grads
+from tests.model.test_shared_prompts import PROBLEMS, logp_entropy_and_grads
+from tests.module.helpers import TASK, spec
 
 
 def _batch(policy):
