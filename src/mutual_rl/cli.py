@@ -218,11 +218,24 @@ def build_cli(args=None, run: bool = True) -> MutualRLCLI:
 
 
 def main(args=None) -> None:
+    """``mutual-rl``: ``compare`` (the regime comparison, :mod:`mutual_rl.compare.cli`) or LightningCLI's
+    ``fit`` / ``validate``."""
+    argv = sys.argv[1:] if args is None else args
+    if isinstance(argv, (list, tuple)) and argv[:1] in (["compare"], ("compare",)):
+        _compare(list(argv[1:]))
+        return
     try:
         build_cli(args)
     finally:
         close_all()  # vLLM engines tear down their groups first (rollout/vllm.py)
         destroy_process_group()  # a live gloo group can abort the exit of a finished multi-process run
+
+
+def _compare(argv: list[str]) -> None:
+    """``mutual-rl compare ...``: dispatched before LightningCLI, which knows only ``fit`` and ``validate``."""
+    from mutual_rl.compare.cli import main as compare_main
+
+    compare_main(argv)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""Figures of the regime comparison (``scripts/compare_regimes.py``): readable, comparable across figures.
+"""Figures of the regime comparison: readable, comparable across figures.
 
-Every figure gives each regime one fixed colour (:data:`COLORS`), draws the mean over seeds as a line and
-mean ± 1 std over seeds as a band, labels its axes with units and has a legend; counts that span decades and
-KL values use a log scale. ``data`` maps ``(regime label, seed)`` to ``{tag: [(step, value), ...]}`` (TensorBoard
-scalars of a run, or ``curves.json``); ``summary`` is ``summary.json``.
+Every figure gives each regime one fixed colour (:mod:`mutual_rl.compare.labels`), draws the mean over seeds as a
+line and mean ± 1 std over seeds as a band, labels its axes with units and has a legend; counts that span decades
+and KL values use a log scale. ``data`` maps ``(regime label, seed)`` to ``{tag: [(step, value), ...]}``
+(TensorBoard scalars of a run, or ``curves.json``); ``summary`` is ``summary.json``.
+
+matplotlib is imported only here, when a figure is drawn: ``pip install "mutual-rl[plot]"``.
 """
 
 from __future__ import annotations
@@ -12,38 +14,27 @@ import math
 import warnings
 from pathlib import Path
 
+from mutual_rl.compare import tags
+from mutual_rl.compare.labels import color as _color
+from mutual_rl.compare.labels import marker as _marker
+from mutual_rl.compare.labels import style as _style
+from mutual_rl.compare.stats import mean_std
 
-def mean_std(xs: list[float]) -> tuple[float, float]:
-    """Mean and unbiased std of the non-NaN values (std 0 for one value; both NaN for none)."""
-    xs = [x for x in xs if not math.isnan(x)]
-    if not xs:
-        return float("nan"), float("nan")
-    m = sum(xs) / len(xs)
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
-    return m, sd
-
-
-#: one fixed colour (and line style) per regime label, the same in every figure
-COLORS = {
-    "grpo": "#404040", "grpo_n16": "#8c8c8c", "grpo_n32": "#000000", "dapo_ds": "#bcbd22",
-    "xgrpo": "#1f77b4", "prp_snapshot": "#ff7f0e", "prp_aligned": "#8c564b", "sgt": "#2ca02c",
-    "hacpo": "#d62728", "ftis": "#e377c2", "graft": "#9467bd", "graft_no_peer_last": "#17becf",
-    "graft_no_compat": "#f2b701", "graft_successes": "#3f007d", "graft_stored": "#00a087",
-}
-#: line style per label (the no-sharing baselines dashed, the GRAFT ablations dotted / dash-dotted)
-STYLES = {"grpo": "--", "grpo_n16": "-.", "grpo_n32": ":", "dapo_ds": "--", "graft_no_peer_last": ":",
-          "graft_no_compat": "-.", "graft_successes": ":"}
-#: marker per label in the per-regime scatter figures (score vs compute)
-MARKERS = {"grpo": "o", "grpo_n16": "o", "grpo_n32": "o", "dapo_ds": "s", "xgrpo": "^", "prp_snapshot": "v",
-           "prp_aligned": "<", "sgt": "D", "hacpo": ">", "ftis": "P", "graft": "*", "graft_no_peer_last": "X",
-           "graft_no_compat": "h", "graft_successes": "p", "graft_stored": "d"}
+T = tags.PolicyTag
 SMOOTH = 20  # steps of the moving average of per-step training metrics (entropy, KL)
-#: per-policy scalar tags the plots read (and ``curves.json`` keeps); KL: own rows when logged (see plots)
-CURVE_TAGS = ("val/pass@1", "entropy", "self/approx_kl", "approx_kl")
+PLOT_EXTRA = 'pip install "mutual-rl[plot]"'
 
 
-def _color(label: str) -> str:
-    return COLORS.get(label, "#17becf")
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, or an ImportError naming the extra that installs it."""
+    try:
+        import matplotlib
+    except ImportError as err:
+        raise ImportError(f"the comparison's figures need matplotlib: {PLOT_EXTRA}") from err
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _seed_curves(data, label, seeds, tag, smooth: int = 0, cumulative: bool = False):
@@ -96,7 +87,7 @@ def _band(ax, curve, label, *, log: bool = False, marker: str | None = None, lin
             return
         lo = np.maximum(lo, mean.min() / 10)
     color = _color(label)
-    ax.plot(steps, mean, color=color, linestyle=STYLES.get(label, "-"), marker=marker, markersize=4,
+    ax.plot(steps, mean, color=color, linestyle=_style(label), marker=marker, markersize=4,
             linewidth=linewidth, label=label)
     ax.fill_between(steps, lo, hi, color=color, alpha=0.18, linewidth=0)
 
@@ -104,11 +95,12 @@ def _band(ax, curve, label, *, log: bool = False, marker: str | None = None, lin
 def _legend(fig, labels, ncol=None, title="regime (line: mean over seeds; band: ± 1 std over seeds)",
             markers: bool = False) -> float:
     """A legend below the panels; returns the figure fraction it takes (the ``rect`` bottom for tight_layout)."""
+    pyplot()
     import matplotlib.lines as mlines
 
     ncol = max(1, min(ncol or len(labels), 6, len(labels) or 1))
-    handles = [mlines.Line2D([], [], color=_color(lab), linestyle="none" if markers else STYLES.get(lab, "-"),
-                             marker=MARKERS.get(lab, "o") if markers else None, linewidth=2, label=lab)
+    handles = [mlines.Line2D([], [], color=_color(lab), linestyle="none" if markers else _style(lab),
+                             marker=_marker(lab) if markers else None, linewidth=2, label=lab)
                for lab in labels]
     fig.legend(handles=handles, loc="lower center", ncol=ncol, frameon=False, fontsize=9, title=title,
                title_fontsize=9)
@@ -118,8 +110,9 @@ def _legend(fig, labels, ncol=None, title="regime (line: mean over seeds; band: 
 
 def _kl_tag(data, label, seeds, p) -> str:
     """``self/approx_kl`` (own rows: comparable across regimes) when the runs logged it, else ``approx_kl``."""
-    has = any(data.get((label, s), {}).get(f"{p}/self/approx_kl") for s in seeds)
-    return f"{p}/self/approx_kl" if has else f"{p}/approx_kl"
+    own = tags.policy(p, T.SELF_APPROX_KL)
+    has = any(data.get((label, s), {}).get(own) for s in seeds)
+    return own if has else tags.policy(p, T.APPROX_KL)
 
 
 def _seed_note(seeds) -> str:
@@ -128,10 +121,7 @@ def _seed_note(seeds) -> str:
 
 def plots(args, root: Path, data, policies) -> None:
     """``pass_at_1.png``, ``entropy_kl.png`` and ``transfers.png`` from per-step scalars (runs or curves.json)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     regimes, seeds = list(args.regimes), list(args.seeds)
     note = _seed_note(seeds)
@@ -139,7 +129,7 @@ def plots(args, root: Path, data, policies) -> None:
     fig, axes = plt.subplots(1, len(policies), figsize=(6.5 * len(policies), 4.6), squeeze=False)
     for ax, p in zip(axes[0], policies):
         for label in regimes:
-            c = _seed_curves(data, label, seeds, f"{p}/val/pass@1")
+            c = _seed_curves(data, label, seeds, tags.policy(p, T.VAL_PASS1))
             if c is not None:
                 _band(ax, (c[0], 100 * c[1], 100 * c[2], c[3]), label, marker="o")
         ax.set(title=f"{p}: held-out pass@1 ({note})", xlabel="training step",
@@ -154,11 +144,11 @@ def plots(args, root: Path, data, policies) -> None:
     for j, p in enumerate(policies):
         kl_own = True
         for label in regimes:
-            c = _seed_curves(data, label, seeds, f"{p}/entropy", smooth=SMOOTH)
+            c = _seed_curves(data, label, seeds, tags.policy(p, T.ENTROPY), smooth=SMOOTH)
             if c is not None:
                 _band(axes[0][j], c, label)
             tag = _kl_tag(data, label, seeds, p)
-            kl_own &= tag.endswith("self/approx_kl")
+            kl_own &= tag.endswith(T.SELF_APPROX_KL)
             c = _seed_curves(data, label, seeds, tag, smooth=SMOOTH)
             if c is not None:
                 _band(axes[1][j], c, label, log=True)
@@ -174,14 +164,13 @@ def plots(args, root: Path, data, policies) -> None:
     fig.savefig(root / "entropy_kl.png", dpi=110)
     plt.close(fig)
 
-    flows = sorted({t.split("/")[1] for s in data.values() for t in s
-                    if t.startswith("exchange/") and t.endswith("/consumed") and "->" in t})
-    sharing = [lab for lab in regimes if any(data.get((lab, s), {}).get(f"exchange/{f}/consumed")
+    flows = sorted({f for s in data.values() for f in map(tags.consumed_flow, s) if f is not None})
+    sharing = [lab for lab in regimes if any(data.get((lab, s), {}).get(tags.exchange(f, tags.CONSUMED))
                                              for s in seeds for f in flows)]
     fig, axes = plt.subplots(1, max(1, len(flows)), figsize=(6.5 * max(1, len(flows)), 4.6), squeeze=False)
     for ax, flow in zip(axes[0], flows):
         for k, label in enumerate(sharing):  # earlier regimes drawn wider: equal counts show as nested stripes
-            c = _seed_curves(data, label, seeds, f"exchange/{flow}/consumed", cumulative=True)
+            c = _seed_curves(data, label, seeds, tags.exchange(flow, tags.CONSUMED), cumulative=True)
             if c is not None:
                 _band(ax, c, label, log=True, linewidth=1.4 + 1.1 * (len(sharing) - 1 - k))
         ax.set(title=f"{flow}: peer responses consumed, cumulative ({note}; log scale)", xlabel="training step",
@@ -202,10 +191,7 @@ def final_plot(args, root: Path, summary: dict) -> None:
     """``pass_at_1_final.png`` from ``summary.json``: per policy and metric (overall, per skill) each regime's
     end-of-run pass@1 (mean of the last evaluations) per seed (dots) and mean ± std over seeds (marker and bar);
     the dashed segment is the step-0 value (before RL)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     regimes = [lab for lab in args.regimes if lab in summary] + [lab for lab in summary if lab not in args.regimes]
     policies = sorted({p for lab in regimes for p in summary[lab]})
@@ -253,10 +239,11 @@ def _directions(data, policies) -> list[tuple[str, str]]:
     for sc in data.values():
         for t in sc:
             parts = t.split("/")
-            if len(parts) == 3 and parts[0] in policies and parts[1] == "rescued":
+            direction = tags.direction_of(t)
+            if len(parts) == 3 and parts[0] in policies and parts[1] == T.RESCUED:
                 out.add((parts[0], parts[2]))
-            elif len(parts) == 2 and parts[0] == "complementarity" and "->" in parts[1]:
-                out.add(tuple(parts[1].split("->", 1)))
+            elif direction is not None and "->" in direction:
+                out.add(tuple(direction.split("->", 1)))
     return sorted(out)
 
 
@@ -264,10 +251,7 @@ def rescue_plot(args, root: Path, data, policies) -> None:
     """``rescue_complementarity.png``: per direction (receiver R, peer S), R's all-fail prompts rescued by S per
     training step (``<R>/rescued/<S>``: GRAFT's grafted groups, SGT's rescued prompts; a moving average) and the
     held-out complementarity ``R->S`` (share of R's all-fail prompts S solves) at each evaluation."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     regimes, seeds = list(args.regimes), list(args.seeds)
     dirs = _directions(data, policies) or [("", "")]
@@ -275,11 +259,11 @@ def rescue_plot(args, root: Path, data, policies) -> None:
     shown: list[str] = []
     for j, (r, s) in enumerate(dirs):
         for label in regimes:
-            c = _seed_curves(data, label, seeds, f"{r}/rescued/{s}", smooth=SMOOTH)
+            c = _seed_curves(data, label, seeds, tags.rescued(r, s), smooth=SMOOTH)
             if c is not None:
                 _band(axes[0][j], c, label)
                 shown.append(label)
-            c = _seed_curves(data, label, seeds, f"complementarity/{r}->{s}")
+            c = _seed_curves(data, label, seeds, tags.complementarity(f"{r}->{s}"))
             if c is not None:
                 _band(axes[1][j], (c[0], 100 * c[1], 100 * c[2], c[3]), label, marker="o")
                 shown.append(label)
@@ -327,10 +311,7 @@ def score_compute_plot(args, root: Path, summary: dict, compute: dict) -> None:
     """``score_vs_compute.png`` (GRAFT Fig. 3a): per policy, and for the policies together, the end-of-run
     held-out pass@1 (mean ± std over seeds) against the generated response tokens (mean ± std over seeds; the
     policy's own, or their sum), one colour and marker per regime; log x axis when the values span a decade."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     regimes = [lab for lab in args.regimes if lab in summary and lab in compute]
     policies = sorted({p for lab in regimes for p in summary[lab]})
@@ -344,7 +325,7 @@ def score_compute_plot(args, root: Path, summary: dict, compute: dict) -> None:
                 continue
             (mx, sx), (my, sy) = mean_std([x for x, _ in pts]), mean_std([100 * y for _, y in pts])
             xs_all.append(mx)
-            ax.errorbar([mx], [my], xerr=[sx], yerr=[sy], fmt=MARKERS.get(lab, "o"), color=_color(lab),
+            ax.errorbar([mx], [my], xerr=[sx], yerr=[sy], fmt=_marker(lab), color=_color(lab),
                         markersize=7, capsize=3, label=lab)
         pos = [x for x in xs_all if x > 0]
         if pos and max(pos) >= 10 * min(pos):

