@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).parents[1] / "src" / "mutual_rl"
 
 
@@ -62,6 +64,7 @@ def test_import_graph_has_no_cycle():
             assert cycle is None, " -> ".join(cycle)
 
 
+@pytest.mark.slow
 def test_every_module_imports_alone():
     """Each module imported first, with no other ``mutual_rl`` module loaded (one fresh interpreter for all)."""
     code = (

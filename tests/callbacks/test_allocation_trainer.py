@@ -25,6 +25,7 @@ def _alloc():
                               update_every={"llama": 2})
 
 
+@pytest.mark.slow
 def test_budgets_reach_module_and_are_logged(tmp_path):
     pl.seed_everything(0)
     spy, alloc = _Spy(), _alloc()
@@ -42,6 +43,7 @@ def test_budgets_reach_module_and_are_logged(tmp_path):
     assert set(alloc.all_fail_ema) == {"gpt2", "llama"}
 
 
+@pytest.mark.slow
 def test_accounting_survives_resume(tmp_path):
     pl.seed_everything(0)
     full = _alloc()

@@ -11,6 +11,7 @@ import yaml
 from mutual_rl.cli import main
 
 
+@pytest.mark.slow
 def test_help_lists_documented_arguments():
     out = subprocess.run([sys.executable, "-m", "mutual_rl.cli", "fit", "--help"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -19,6 +20,7 @@ def test_help_lists_documented_arguments():
         assert text in out.stdout, text
 
 
+@pytest.mark.slow
 def test_policy_fields_are_documented():
     out = subprocess.run(
         [sys.executable, "-m", "mutual_rl.cli", "fit", "--model.policies.help", "PolicySpec"],
@@ -29,6 +31,7 @@ def test_policy_fields_are_documented():
         assert text in out.stdout, text
 
 
+@pytest.mark.slow
 def test_validate_reports_pass_at_1(tmp_path, capsys):
     cfg = {
         "trainer": {"logger": False, "enable_progress_bar": False, "default_root_dir": str(tmp_path)},

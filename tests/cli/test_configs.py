@@ -24,6 +24,7 @@ def test_there_are_configs():
     assert any(c.name == "grpo.yaml" for c in CONFIGS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_config_parses(path, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -33,6 +34,7 @@ def test_config_parses(path, capsys):
     assert printed["model"]["policies"], "a config must name its policies"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", CPU_CONFIGS, ids=lambda p: p.name)
 def test_config_runs_two_steps(path, tmp_path):
     cfg = load_config(path)
@@ -52,6 +54,7 @@ def test_config_runs_two_steps(path, tmp_path):
         assert (tmp_path / "export" / name / "config.json").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", CPU_CONFIGS, ids=lambda p: p.name)
 def test_config_runs_with_kl_lora_and_repeated_problems(path, tmp_path):
     """Each shipped regime config with ordinary options on together: KL 1e-3, LoRA on every policy, and a prompt
@@ -80,6 +83,7 @@ def test_config_runs_with_kl_lora_and_repeated_problems(path, tmp_path):
         assert (tmp_path / "export" / name / "adapter_config.json").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", [c for c in CPU_CONFIGS + REAL_CONFIGS if c.name != "base.yaml"],
                          ids=lambda p: str(p.relative_to(p.parents[1])))
 def test_overlay_alone_equals_base_plus_overlay(path, capsys):

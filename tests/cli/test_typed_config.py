@@ -22,6 +22,7 @@ def _run(args, capsys) -> str:
     return capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_print_config_shows_every_default_of_the_chosen_regime(capsys):
     printed = yaml.safe_load(_run(["fit", "--config", str(CONFIGS / "sgt.yaml"), "--print_config"], capsys))
     regime = printed["model"]["regime"]
@@ -33,6 +34,7 @@ def test_print_config_shows_every_default_of_the_chosen_regime(capsys):
                                                      "compatibility": "weighted", "transfer": "group"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", [NoSharing, XGRPO, PRP, SGT, GRAFT, HACPO, FTIS], ids=lambda c: c.__name__)
 def test_help_documents_each_regimes_arguments(cls, capsys):
     out = _run(["fit", "--model.regime.help", cls.__name__], capsys)
@@ -43,6 +45,7 @@ def test_help_documents_each_regimes_arguments(cls, capsys):
     assert f"mutual_rl.regimes.{cls.__name__}" in top  # listed among the known regimes
 
 
+@pytest.mark.slow
 def test_choices_are_checked_by_the_parser(capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(CONFIGS / "graft.yaml"), "--model.regime.peer_last", "first", "--print_config"])
@@ -52,6 +55,7 @@ def test_choices_are_checked_by_the_parser(capsys):
     assert "agg" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_policy_overrides_the_regime_the_same_way(tmp_path, capsys):
     cfg = load_config(CONFIGS / "sgt.yaml")
     cfg["model"]["policies"][1]["regime"] = {"class_path": "GRAFT", "init_args": {"balance": False}}
@@ -70,6 +74,7 @@ def test_subcommands_without_a_step_are_gone(sub, capsys):
     assert exc.value.code != 0
 
 
+@pytest.mark.slow
 def test_help_leaves_out_trainer_arguments_that_do_not_apply(capsys):
     from mutual_rl.cli import TRAINER_HIDDEN
 

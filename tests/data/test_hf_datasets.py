@@ -151,6 +151,7 @@ def test_jsonl_rows_keep_their_other_fields(tmp_path):
         load_problems(f)
 
 
+@pytest.mark.slow
 def test_the_config_shapes_parse(capsys):
     import yaml
 

@@ -7,6 +7,8 @@ import yaml
 
 from mutual_rl.cli import main
 
+pytestmark = pytest.mark.slow  # the CLI parses each config
+
 
 def _printed(tmp_path, capsys, *configs: str) -> dict:
     args = ["fit"]

@@ -129,6 +129,7 @@ print(hashlib.sha256(json.dumps(rows).encode()).hexdigest())
 """
 
 
+@pytest.mark.slow
 def test_same_problems_under_any_hash_seed(capsys):
     exec(DIGEST, {})
     here = capsys.readouterr().out.strip()

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 import yaml
 
 from mutual_rl.exchange.store import read_step
 from mutual_rl.step.dynamic import EXTRA_GROUP_IDS
 from tests.distributed.test_fsdp_cpu import _free_port, _run, presets  # noqa: F401 (fixture)
 from tests.module.helpers import TASK
+
+pytestmark = pytest.mark.slow  # a two-rank torchrun fit
 
 
 def test_two_rank_dynamic_sampling_fit(presets, tmp_path):  # noqa: F811

@@ -101,6 +101,7 @@ def test_clip_and_full_params_without_distributed():
         assert m is lin
 
 
+@pytest.mark.slow
 def test_parses_from_cli(tmp_path):
     from mutual_rl.cli import main
 

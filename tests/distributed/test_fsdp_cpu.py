@@ -25,6 +25,8 @@ from mutual_rl.exchange.store import read_step
 from mutual_rl.model.policy import build_policy
 from tests.module.helpers import TASK, pair, spec
 
+pytestmark = pytest.mark.slow  # two torchrun processes per test
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 

@@ -55,6 +55,7 @@ def test_learner_snapshot_stores_no_traces(tmp_path):
     assert stored.header["counts"]["trace"] == 0
 
 
+@pytest.mark.slow
 def test_importing_the_package_changes_no_warning_filter():
     # third-party packages add filters of their own at import: import them first, then compare
     code = ("import warnings, torch, lightning.pytorch, transformers, jsonargparse; before = list(warnings.filters); "

@@ -28,6 +28,7 @@ def _batch(policy, problems, max_new_tokens):
 
 
 # the shared-prompt forward is two compiled graphs; LoRA is tested on the plain forward (one) to keep CI short
+@pytest.mark.slow
 @pytest.mark.parametrize("name, lora, share", [("tiny:gpt2-bpe", False, True), ("tiny:gpt2-bpe", True, False)])
 def test_compiled_forward_matches_eager(name, lora, share):
     policy = build_policy(dataclasses.replace(spec("p", name, lora=lora), compile=True), task=ArithmeticTask(**TASK))

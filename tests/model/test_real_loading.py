@@ -268,6 +268,7 @@ def test_unsupported_architecture_in_a_folder(checkpoint, tmp_path, model_type, 
 
 
 # --------------------------------------------------------------------------------------- checkpointing
+@pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True])
 def test_gradient_checkpointing_gives_the_same_logp_and_gradients(lora):
     def run(checkpointing: bool, share: bool):
@@ -322,6 +323,7 @@ def _smollm2_missing() -> str | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_smollm2_missing() is not None, reason=str(_smollm2_missing()))
 def test_real_smollm2_gguf_loads_generates_and_exports(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig

@@ -30,6 +30,8 @@ from mutual_rl.update.config import GRPOConfig
 from tests.device_check import DEVICE, SIM, SimulatedDevice, tag_of
 from tests.module.helpers import TASK, RecordMetrics, spec, trainer
 
+pytestmark = pytest.mark.slow  # Lightning fits of every regime
+
 
 class ScriptedReward(Reward):
     """The training reward: in a group of the policy at position ``rank`` of ``order``, the first response

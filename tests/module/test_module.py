@@ -9,6 +9,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from tests.module.helpers import datamodule, module, pair, trainer
 
+pytestmark = pytest.mark.slow  # Lightning fits
+
 
 def _snapshot(m):
     return {k: v.detach().clone() for k, v in m.named_parameters() if v.requires_grad}

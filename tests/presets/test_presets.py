@@ -74,7 +74,8 @@ def test_warm_start_skill_mix():
         select_problems(problems, WarmStart(skills=["mul"]))
 
 
-@pytest.mark.parametrize("name", ["tiny:gpt2-bpe", "tiny:llama-char", "tiny:llama-bpe", "tiny:qwen-vocab"])
+@pytest.mark.parametrize("name", ["tiny:gpt2-bpe", "tiny:llama-char", "tiny:llama-bpe",
+                                  pytest.param("tiny:qwen-vocab", marks=pytest.mark.slow)])  # builds a 151k-vocab preset
 def test_target_position_loss_equals_full_logits_loss(name):
     """The warm-up's LM head on the target positions only gives the full-logits loss and gradients."""
     import importlib.util
@@ -193,6 +194,7 @@ def test_cosine_warmup_schedule():
     assert warmup_lr(WarmStart(steps=5, lr=1e-3, schedule="constant"), 4) == 1e-3
 
 
+@pytest.mark.slow
 def test_pinned_worker_build(tmp_path, monkeypatch, capsys):
     """The default build runs in a worker pinned to AVX2 kernels and one thread: it says so in done.json, and two
     worker builds from callers with different thread counts are identical."""
@@ -218,6 +220,7 @@ def test_pinned_worker_build(tmp_path, monkeypatch, capsys):
                                                                                "tokenizer_config.json"]
 
 
+@pytest.mark.slow
 def test_pinned_worker_failure_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("MUTUAL_RL_PRESET_BUILD", "pinned")
     # skills the task does not have: the worker's ValueError is raised here with its message

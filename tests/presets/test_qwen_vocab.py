@@ -92,6 +92,7 @@ def varied_strings(n: int = 400, seed: int = 0) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 @needs_qwen
 def test_same_ids_as_the_reference_bpe(tok):
     ref = ReferenceBPE(qwen_vocab.tiktoken_file())
@@ -102,6 +103,7 @@ def test_same_ids_as_the_reference_bpe(tok):
         assert tok.decode(tok(s)["input_ids"]) == unicodedata.normalize("NFC", s)
 
 
+@pytest.mark.slow
 @needs_qwen
 def test_same_ids_as_tiktoken(tok):
     tiktoken = pytest.importorskip("tiktoken")
@@ -113,6 +115,7 @@ def test_same_ids_as_tiktoken(tok):
         assert tok(s)["input_ids"] == enc.encode(text, allowed_special="all"), s
 
 
+@pytest.mark.slow
 @needs_qwen
 def test_merges_come_from_lower_rank_bpe():
     ranks = {b"a": 0, b"b": 1, b"c": 2, b"ab": 3, b"bc": 4, b"abc": 5, b"cab": 6}
@@ -120,6 +123,7 @@ def test_merges_come_from_lower_rank_bpe():
     assert qwen_vocab.lower_rank_bpe(ranks, b"abc", 5) == [b"ab", b"c"]  # "ab" (3) merges before "bc" (4)
 
 
+@pytest.mark.slow
 @needs_qwen
 def test_vocabulary_and_special_tokens(tok):
     assert len(tok) == 151_851 and tok.is_fast and tok.padding_side == "left"
@@ -133,6 +137,7 @@ def test_vocabulary_and_special_tokens(tok):
     assert enc["input_ids"][2] == 151645 and enc["offset_mapping"][2] == (2, 12)
 
 
+@pytest.mark.slow
 @needs_qwen
 def test_chat_template(tok):
     user = [{"role": "user", "content": "12+34="}]
@@ -148,6 +153,7 @@ def test_chat_template(tok):
     assert ids.count(151645) == 2  # system and user turns closed
 
 
+@pytest.mark.slow
 @needs_qwen
 def test_conversion_is_cached(tmp_path, monkeypatch):
     first = qwen_vocab.load_qwen_tokenizer(tmp_path)
@@ -168,6 +174,7 @@ def test_missing_package_names_the_install_command(monkeypatch):
 
 
 # ------------------------------------------------------------------ the preset
+@pytest.mark.slow
 @needs_qwen
 def test_preset_build_and_cache_reuse(tmp_path, monkeypatch):
     kw = dict(seed=0, warmstart=WarmStart(steps=2, batch_size=4), task=TASK, prompt_template="{problem}")
@@ -186,6 +193,7 @@ def test_preset_build_and_cache_reuse(tmp_path, monkeypatch):
         load_preset("tiny:qwen-vocab", cache_dir=tmp_path, chat_template=True, **kw)
 
 
+@pytest.mark.slow
 @needs_qwen
 def test_policy_with_chat_template_warms_up_on_its_rollout_prompts(monkeypatch, tmp_path):
     """The warm-up sees exactly the prompt ids rollouts use (the chat template when the policy sets it)."""

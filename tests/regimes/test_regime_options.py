@@ -22,6 +22,8 @@ from mutual_rl.regimes import get_regime
 from mutual_rl.update.config import GRPOConfig
 from tests.module.helpers import pair, spec, trainer
 
+pytestmark = pytest.mark.slow  # two Lightning training steps per case
+
 REGIMES = [
     ("none", {}),
     ("xgrpo", {}),

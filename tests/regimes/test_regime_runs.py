@@ -13,6 +13,8 @@ from mutual_rl.regimes import get_regime
 from mutual_rl.update.config import GRPOConfig
 from tests.module.helpers import datamodule, pair, spec, trainer
 
+pytestmark = pytest.mark.slow  # Lightning fits
+
 
 def _trio():
     return pair() + [spec("llama_bpe", "tiny:llama-bpe")]

@@ -61,6 +61,7 @@ class _LrSpy(Callback):
         self.lrs.append([o.param_groups[0]["lr"] for o in trainer.optimizers])
 
 
+@pytest.mark.slow
 def test_resume_applies_changed_lr_and_betas_with_a_note(tmp_path, capsys):
     path = _fit_one_step(tmp_path, pair(lr=1e-3))
     capsys.readouterr()
@@ -78,6 +79,7 @@ def test_resume_applies_changed_lr_and_betas_with_a_note(tmp_path, capsys):
     assert "policy 'gpt2' optimizer.betas" not in out  # unchanged settings: no note
 
 
+@pytest.mark.slow
 def test_resume_matches_policies_by_name_not_position(tmp_path):
     path = _fit_one_step(tmp_path, pair())
     saved = torch.load(path, weights_only=False)
@@ -93,6 +95,7 @@ def test_resume_matches_policies_by_name_not_position(tmp_path):
         assert all(torch.equal(got[i], saved_avg[name][i]) for i in got), name
 
 
+@pytest.mark.slow
 def test_resume_with_a_renamed_policy_is_one_error_naming_both_lists(tmp_path):
     path = _fit_one_step(tmp_path, pair())
     specs = [spec("gpt2", "tiny:gpt2-bpe"), spec("llama2", "tiny:llama-char")]
@@ -105,6 +108,7 @@ def test_resume_with_a_renamed_policy_is_one_error_naming_both_lists(tmp_path):
     assert "matched by name" in msg and str(path) in msg
 
 
+@pytest.mark.slow
 def test_resume_with_an_extra_policy_is_one_error(tmp_path):
     path = _fit_one_step(tmp_path, [spec("gpt2", "tiny:gpt2-bpe")])
     with pytest.raises(ValueError, match=r"holds policies \['gpt2'\] but model.policies lists \['gpt2', 'llama'\]"):
@@ -119,6 +123,7 @@ def _cli_trainer(tmp_path):
     return cli.trainer
 
 
+@pytest.mark.slow
 def test_cli_writes_checkpoints_with_the_atomic_plugin(tmp_path):
     assert type(_cli_trainer(tmp_path).strategy.checkpoint_io) is AtomicCheckpointIO
 
@@ -195,6 +200,7 @@ def _fit_args(tmp_path, *extra):
     return ["fit", "--config", str(path), *extra]
 
 
+@pytest.mark.slow
 def test_random_bytes_ckpt_path_is_not_a_valid_checkpoint(tmp_path):
     bad = tmp_path / "random.ckpt"
     bad.write_bytes(os.urandom(4096))
@@ -203,6 +209,7 @@ def test_random_bytes_ckpt_path_is_not_a_valid_checkpoint(tmp_path):
     assert "weights_only" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_truncated_ckpt_path_is_not_a_valid_checkpoint(tmp_path):
     good = _fit_one_step(tmp_path, [spec("g", "tiny:gpt2-bpe")])
     cut = tmp_path / "cut.ckpt"
@@ -214,12 +221,14 @@ def test_truncated_ckpt_path_is_not_a_valid_checkpoint(tmp_path):
             module([spec("g", "tiny:gpt2-bpe")]), datamodule=datamodule(), ckpt_path=cut)
 
 
+@pytest.mark.slow
 def test_missing_ckpt_path_names_the_path(tmp_path):
     missing = tmp_path / "nope" / "last.ckpt"
     with pytest.raises(FileNotFoundError, match=f"checkpoint '{missing}' does not exist"):
         main(_fit_args(tmp_path, "--ckpt_path", str(missing)))
 
 
+@pytest.mark.slow
 def test_lightning_checkpoint_without_mutual_rl_state_is_an_error(tmp_path):
     good = _fit_one_step(tmp_path, [spec("g", "tiny:gpt2-bpe")])
     ckpt = torch.load(good, weights_only=False)
@@ -285,6 +294,7 @@ def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
     return state["state_dict"]
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_then_resume_equals_the_uninterrupted_run(tmp_path):
     full = subprocess.Popen(_fit_cmd(_kill_cfg(tmp_path, "full", pause=False)), cwd=REPO, env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -92,6 +92,7 @@ def _spec(name: str = "char", n: int = 2, max_new_tokens: int = 5) -> PolicySpec
 
 
 # ------------------------------------------------------------------------------ 1. no --optimizer / --lr_scheduler
+@pytest.mark.slow
 def test_optimizer_option_is_a_parse_error_naming_the_per_policy_setting(capsys):
     with pytest.raises(SystemExit) as e:
         main(["fit", "--optimizer", "Adam", "--model.policies", "[{name: a, model: 'tiny:gpt2-bpe'}]"])
@@ -100,6 +101,7 @@ def test_optimizer_option_is_a_parse_error_naming_the_per_policy_setting(capsys)
     assert "--optimizer is not an option of mutual-rl" in err and "model.policies[i].optimizer" in err
 
 
+@pytest.mark.slow
 def test_optimizer_key_in_a_config_file_is_a_parse_error(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"lr_scheduler": {"class_path": "torch.optim.lr_scheduler.StepLR"},
@@ -110,6 +112,7 @@ def test_optimizer_key_in_a_config_file_is_a_parse_error(tmp_path, capsys):
     assert f"lr_scheduler (in {cfg}) is not an option of mutual-rl" in err and "model.policies[i].optimizer" in err
 
 
+@pytest.mark.slow
 def test_help_does_not_list_optimizer_or_lr_scheduler(capsys):
     with pytest.raises(SystemExit) as e:
         main(["fit", "--help"])
@@ -166,6 +169,7 @@ def test_regimes_are_typed_per_receiver_with_one_success_threshold():
     assert m2.regimes["gpt2"] is not m2.regimes["llama"]  # regimes keep state: one instance per receiver
 
 
+@pytest.mark.slow
 def test_removed_regime_args_key_is_a_parse_error_naming_it(tmp_path, capsys):
     cfg = tmp_path / "old.yaml"
     cfg.write_text("model:\n  policies: [{name: a, model: tiny:gpt2-bpe}, {name: b, model: tiny:llama-char}]\n"
@@ -175,6 +179,7 @@ def test_removed_regime_args_key_is_a_parse_error_naming_it(tmp_path, capsys):
     assert "regime_args" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("own", [False, True])
 def test_sharing_regime_with_a_single_policy_is_an_error(tmp_path, own):
     s = spec("g", "tiny:gpt2-bpe")

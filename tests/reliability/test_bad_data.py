@@ -39,6 +39,7 @@ def test_prompt_longer_than_the_context_fails_at_set_up(tmp_path, preset_cache):
     assert "model.prompt_overflow: truncate" in msg
 
 
+@pytest.mark.slow
 def test_truncate_mode_trains_on_the_prompt_tail(tmp_path, preset_cache):
     dm = PromptDataModule(train_files=[str(_prompt_file(tmp_path, ["1+1=", LONG]))], batch_size=2)
     gpt2 = PolicySpec(name="bpe", model="tiny:gpt2-bpe", warmstart=WarmStart(steps=0),

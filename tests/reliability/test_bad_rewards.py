@@ -129,6 +129,7 @@ def test_working_reward_reports_zero_counts(preset_cache):
     assert (metrics["reward_errors"], metrics["reward_timeouts"]) == (0.0, 0.0)
 
 
+@pytest.mark.slow
 def test_math_verify_timeouts_are_counted_per_policy(preset_cache):
     pytest.importorskip("math_verify")
     from mutual_rl.rewards.verify import verifier_for

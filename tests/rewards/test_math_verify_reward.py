@@ -44,6 +44,7 @@ def test_registered_function_from_non_main_thread():
     assert math_verify_with_info("\\boxed{2}", "3").value == 0.0
 
 
+@pytest.mark.slow
 def test_timeout_kills_worker_and_recovers():
     v = MathVerifier(timeout_s=0.5)
     try:
@@ -64,6 +65,7 @@ def test_bad_timeout():
         MathVerifier(timeout_s=0)
 
 
+@pytest.mark.slow
 def test_dead_worker_is_restarted():
     v = MathVerifier(timeout_s=10.0)
     try:

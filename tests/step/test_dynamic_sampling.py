@@ -72,6 +72,7 @@ def _ds(row: dict) -> dict[str, float]:
     return {k.split("/")[-1]: v for k, v in row.items() if k.startswith("gpt2/dynamic_sampling/")}
 
 
+@pytest.mark.slow
 def test_fills_the_batch_with_mixed_groups_and_counts_every_extra_rollout(tmp_path):
     pl.seed_everything(0)
     dm = datamodule(batch_size=4)
@@ -111,6 +112,7 @@ def test_fills_the_batch_with_mixed_groups_and_counts_every_extra_rollout(tmp_pa
     assert [k for k in before if torch.equal(before[k], after[k])] == []
 
 
+@pytest.mark.slow
 def test_max_rounds_stop_and_are_logged_then_the_steps_own_groups_train(tmp_path):
     pl.seed_everything(0)
     dm = datamodule(batch_size=4)
@@ -134,6 +136,7 @@ def test_max_rounds_stop_and_are_logged_then_the_steps_own_groups_train(tmp_path
     assert rec.rows[1]["gpt2/trained_tokens"] == 0.0
 
 
+@pytest.mark.slow
 def test_filter_only_and_off(tmp_path):
     pl.seed_everything(0)
     dm = datamodule(batch_size=4)
@@ -151,6 +154,7 @@ def test_filter_only_and_off(tmp_path):
     assert not _ds(rec.rows[0]) and rec.rows[0]["gpt2/generated_tokens"] > 0
 
 
+@pytest.mark.slow
 def test_extra_prompts_are_deterministic_and_resume_exactly(tmp_path):
     dm = datamodule(batch_size=4)
     pool = dm.train_problems()

@@ -36,6 +36,7 @@ def traces(toks, src_name, tgt_name, text, seed, eos):
     return src_off, logp, tgt_off
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("granularity", ["word", "span"])
 @pytest.mark.parametrize("src_name", FAMILIES)
 @SETTINGS

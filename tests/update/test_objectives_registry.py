@@ -7,7 +7,10 @@ import inspect
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_registry_needs_no_regime_import():
     code = ("import sys; from mutual_rl.update.objectives import get_objective;"
             "fns = [get_objective(n) for n in ('dapo', 'prp_tis', 'hacpo', 'ftis')];"

@@ -67,6 +67,7 @@ class _RecordLR(Callback):
             assert trainer.callback_metrics[f"{spec.name}/lr"] == pytest.approx(opt.param_groups[0]["lr"])
 
 
+@pytest.mark.slow
 def test_schedule_in_a_run_per_policy_and_periodic_export(tmp_path):
     specs = pair(lr=1e-3)
     specs[0].optimizer = OptimizerSpec(lr=1e-3, weight_decay=0.0, warmup_steps=2, schedule="linear")
