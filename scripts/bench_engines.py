@@ -111,6 +111,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     from mutual_rl.rollout import HFRolloutEngine, VLLMRolloutEngine
     from mutual_rl.rollout.vllm import WeightSyncError
+    from mutual_rl.stats import flatten
 
     policy, task = _policy(args)
     sampling = policy.spec.sampling
@@ -143,7 +144,7 @@ def main() -> None:
     except WeightSyncError as err:
         out["stale_caught"] = True
         out["stale_message"] = str(err).split(": the engine")[0]
-    sync = engine.sync_weights(policy)
+    sync = flatten(engine.sync_weights(policy))
     out.update({f"synced_{k}": v for k, v in sync.items()})
     print(f"stale engine caught: {out['stale_caught']} ({out.get('stale_message', '')})", flush=True)
     print(f"after the sync: gap mean {sync['probe_gap_mean']:.3g} max {sync['probe_gap_max']:.3g}, trainer moved "

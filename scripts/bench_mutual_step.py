@@ -3,10 +3,10 @@
 What is measured
 ----------------
 *Mutual step* (N = 2 and N = 4 policies): exactly the work of ``MutualRLModule.training_step`` minus Lightning's
-logging — ``exchange.begin_step``; per policy ``module._rollout_and_score`` (HF ``generate``, rewards, GRPO
-advantages) and ``exchange.publish`` of its groups; per receiver ``regime.plan`` on its own groups and its
-``exchange.deliveries``, ``exchange.report`` of every flow, ``update_policy`` (plain AdamW); ``exchange.end_step``
-(accounting check). *Single steps*: the same for a one-policy module of each policy, run one after the other;
+logging: :func:`mutual_rl.step.pipeline.run_step` with plain AdamW and no THL residual report -- per policy its
+rollouts (HF ``generate``), rewards and GRPO advantages, published to the exchange; per receiver its learning rate,
+``regime.plan`` on its own groups and its deliveries, the exchange's accounting of every flow, ``update_policy``;
+``exchange.end_step`` (accounting check). *Single steps*: the same for a one-policy module of each policy, run one after the other;
 their times are summed. The ratio is mutual / sum of singles: the orchestration overhead of training N policies
 in one module (and, with a sharing ``--regime``, the extra work of that regime on top).
 
@@ -41,9 +41,9 @@ from mutual_rl.model.spec import OptimizerSpec, PolicySpec, SamplingSpec, WarmSt
 from mutual_rl.module import MutualRLModule
 from mutual_rl.regimes import get_regime
 from mutual_rl.rewards import get_reward
+from mutual_rl.step.pipeline import StepContext, run_step
 from mutual_rl.types import PromptBatch
 from mutual_rl.update.config import GRPOConfig
-from mutual_rl.update.loop import update_policy
 
 PRESETS = [("gpt2", "tiny:gpt2-bpe", 0), ("llama", "tiny:llama-char", 0), ("llamabpe", "tiny:llama-bpe", 0),
            ("gpt2b", "tiny:gpt2-bpe", 1)]
@@ -85,35 +85,23 @@ class Side:
         for p in policies:
             self.module.policies[p.name] = copy.deepcopy(p)
         self.module.reward_fn = get_reward("integer_match")
-        self.opts = []
+        self.opts = {}
         for p in self.module.specs:
             o = p.optimizer
             params = [x for x in self.module.policies[p.name].parameters() if x.requires_grad]
-            self.opts.append(torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay,
-                                               eps=o.eps))
+            self.opts[p.name] = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, eps=o.eps)
 
     def step(self, batch: PromptBatch, step: int) -> dict[str, float]:
-        """``training_step``'s work (module docstring); returns seconds and the mean response length."""
-        m, ex = self.module, self.module.exchange
+        """``training_step``'s work (module docstring): :func:`mutual_rl.step.pipeline.run_step`; returns seconds
+        and the mean response length."""
+        m = self.module
+        ctx = StepContext(specs=m.specs, policies=m.policies, regimes=m.regimes, algorithm=m.algorithm, engine=m.engine,
+                          exchange=m.exchange, reward_fn=m.reward_fn, optimizers=self.opts,
+                          thl_residual_every_n_steps=0)
         t0 = time.perf_counter()
-        ex.begin_step(step)
-        groups, lengths = {}, []
-        for spec in m.specs:
-            groups[spec.name], metrics = m._rollout_and_score(spec, batch, step)
-            lengths.append(metrics["response_length"])
-            for g in groups[spec.name]:
-                ex.publish(g)
-        for spec, opt in zip(m.specs, self.opts):
-            policy = m.policies[spec.name]
-            plan = m.regimes[spec.name].plan(policy, groups[spec.name], ex.deliveries(spec.name),
-                                             m.algorithm.num_mini_batches)
-            for source, flow in plan.flows.items():
-                ex.report(spec.name, source, consumed=flow.get("consumed", 0),
-                          dropped={k: v for k, v in flow.items() if k != "consumed"})
-            update_policy(policy, plan, m.algorithm, backward=lambda loss: loss.backward(), step_optimizer=opt.step,
-                          zero_grad=lambda o=opt: o.zero_grad(set_to_none=True))
-        ex.end_step()
-        return {"total": time.perf_counter() - t0, "len": statistics.mean(lengths)}
+        report = run_step(ctx, batch, step)
+        total = time.perf_counter() - t0
+        return {"total": total, "len": statistics.mean(r.rollout.response_length for r in report.policies.values())}
 
 
 def build(k: int, args, regime: str):

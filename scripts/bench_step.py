@@ -14,7 +14,7 @@ Needs ``trl`` (tested with trl 1.16.0, transformers 5.20.2, torch 2.13.0+cpu, ac
 What one step is, on each side
 ------------------------------
 *Ours* is exactly what ``MutualRLModule.training_step`` does for one policy with the ``none`` regime, minus
-Lightning's logging: ``module._rollout_and_score`` (``HFRolloutEngine.generate``: n samples per prompt, sampled
+Lightning's logging: ``step.pipeline.sample_policy`` (``HFRolloutEngine.generate``: n samples per prompt, sampled
 log-probs from the processed scores, incremental character offsets per response; ``integer_match`` reward on
 text; ``grpo_advantages``; ``ScoredGroup``s; outcome statistics), ``regime.plan`` (``own_batch`` + ``split_rows``)
 and ``update_policy`` with a plain ``torch.optim.AdamW`` (``loss.backward()`` / ``opt.step()`` /
@@ -102,6 +102,8 @@ from mutual_rl.model.policy import Policy, build_policy  # noqa: E402
 from mutual_rl.model.spec import OptimizerSpec, PolicySpec, SamplingSpec, WarmStart  # noqa: E402
 from mutual_rl.module import MutualRLModule  # noqa: E402
 from mutual_rl.rewards import get_reward  # noqa: E402
+from mutual_rl.stats import flatten  # noqa: E402
+from mutual_rl.step.pipeline import StepContext, sample_policy  # noqa: E402
 from mutual_rl.types import PromptBatch  # noqa: E402
 from mutual_rl.update.config import GRPOConfig  # noqa: E402
 from mutual_rl.update.loop import update_policy  # noqa: E402
@@ -191,10 +193,14 @@ class OurStep:
         params = [p for p in self.policy.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, eps=o.eps)
         self.algo = algo
+        mod = self.module
+        self.ctx = StepContext(specs=[spec], policies=mod.policies, regimes=mod.regimes, algorithm=algo,
+                               engine=mod.engine, exchange=None, reward_fn=mod.reward_fn, optimizers={spec.name: self.opt})
 
     def __call__(self, batch: PromptBatch, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        groups, m = self.module._rollout_and_score(self.spec, batch, step)
+        sampled = sample_policy(self.ctx, self.spec, batch, step)
+        groups, m = sampled.groups, {**flatten(sampled.rollout), **flatten(sampled.scoring)}
         t1 = time.perf_counter()
         plan = self.module.regimes[self.policy.name].plan(self.policy, groups, {}, self.algo.num_mini_batches)
         t2 = time.perf_counter()
@@ -207,7 +213,7 @@ class OurStep:
         return {
             "total": t3 - t0, "rollout_score": t1 - t0, "generate": n_tok / m["gen_tokens_per_s"],
             "plan": t2 - t1, "update": t3 - t2, "mean_len": m["response_length"], "reward": m["reward"],
-            "skipped_frac": u["skipped_frac"], "eos_frac": m["eos_frac"],
+            "skipped_frac": u.skipped_frac, "eos_frac": m["eos_frac"],
         }
 
 

@@ -22,10 +22,23 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` except those under ``if TYPE_CHECKING:`` (annotations only, never imported)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and getattr(child.test, "id", None) == "TYPE_CHECKING":
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
+
+
 def _imports(path: Path) -> list[str]:
-    """Every ``mutual_rl`` module ``path`` imports, at any depth (functions included)."""
+    """Every ``mutual_rl`` module ``path`` imports at run time, at any depth (functions included)."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _runtime_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mutual_rl"):
             found += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         elif isinstance(node, ast.Import):
@@ -38,6 +51,76 @@ def test_regimes_and_evaluation_never_import_distributed():
                  if m.startswith(("mutual_rl.regimes", "mutual_rl.evaluation"))
                  for name in _imports(p) if name == "mutual_rl.distributed" or name.startswith("mutual_rl.distributed.")]
     assert not offenders, offenders
+
+
+#: the package's layers, bottom to top (top-level modules and packages of ``mutual_rl``): records, statistics and the
+#: interfaces the step calls; pure math, the THL and the distributed helpers; prompts and rewards; the model; the
+#: update and the rollout engines; regimes, the exchange, MWRA, evaluation, presets; the step; its hosts
+LAYERS = (
+    ("types", "stats", "interfaces", "assets", "threads", "warnings_filters", "durable"),
+    ("algorithms", "thl", "distributed", "strategies"),
+    ("data", "rewards"),
+    ("model",),
+    ("update", "rollout"),
+    ("regimes", "exchange", "allocation", "evaluation", "presets"),
+    ("step",),
+    ("callbacks", "module", "resume", "step_metrics", "cli", "compare"),
+)
+#: the one import that runs up the layers: loading a ``tiny:`` policy builds the embedded preset (a plugin edge)
+UPWARD_ALLOWED = {("mutual_rl.model.loading", "presets")}
+
+
+def _top(module: str) -> str:
+    return module.split(".")[1]
+
+
+def upward_imports() -> set[tuple[str, str]]:
+    """``(module, package)`` for every import from a lower layer into a higher one."""
+    rank = {name: i for i, names in enumerate(LAYERS) for name in names}
+    out = set()
+    for m, p in _modules().items():
+        if m == "mutual_rl":
+            continue
+        for name in _imports(p):
+            target = _top(name) if name != "mutual_rl" else None
+            if target and target in rank and rank[target] > rank[_top(m)]:
+                out.add((m, target))
+    return out
+
+
+def test_every_module_is_in_a_layer():
+    placed = {name for names in LAYERS for name in names}
+    tops = {_top(m) for m in _modules() if m != "mutual_rl"}
+    assert tops == placed, (sorted(tops - placed), sorted(placed - tops))
+
+
+def test_imports_run_down_the_layers():
+    assert upward_imports() == UPWARD_ALLOWED
+
+
+#: collectives (``torch.distributed`` calls every rank must make) belong to the distributed helpers
+COLLECTIVES = {"all_gather_object", "all_gather", "all_reduce", "broadcast", "broadcast_object_list", "barrier",
+               "reduce_scatter", "gather_object", "scatter_object_list", "all_to_all", "send", "recv", "reduce"}
+COLLECTIVE_HOMES = {"mutual_rl.distributed", "mutual_rl.strategies"}
+
+
+def _is_collective(node: ast.AST) -> bool:
+    """``torch.distributed.<collective>`` or ``dist.<collective>`` (the usual alias)."""
+    if not (isinstance(node, ast.Attribute) and node.attr in COLLECTIVES):
+        return False
+    owner = ast.unparse(node.value)
+    return owner == "dist" or owner.endswith("distributed")
+
+
+def test_collectives_only_in_the_distributed_helpers():
+    offenders = [f"{p.relative_to(SRC)}:{node.lineno} calls {node.attr}" for m, p in _modules().items()
+                 if m not in COLLECTIVE_HOMES for node in ast.walk(ast.parse(p.read_text())) if _is_collective(node)]
+    assert not offenders, offenders
+
+
+def test_the_collective_check_sees_a_raw_collective():
+    raw = ast.parse("import torch\ntorch.distributed.all_gather_object(out, x)\ndist.barrier()\npipe.send(1)")
+    assert [n.attr for n in ast.walk(raw) if _is_collective(n)] == ["all_gather_object", "barrier"]
 
 
 def test_import_graph_has_no_cycle():

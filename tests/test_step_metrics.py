@@ -30,9 +30,10 @@ if "test_len_mod3" not in available_rewards():
 
 def test_fill_absent_zero_for_counts_nan_otherwise():
     seen: set[str] = set()
-    fill_absent({"exchange/a->b/dropped/x": 2.0, "a/entropy": 1.0, "a/reward_errors": 1.0, "a/lr": 1e-3}, seen)
+    counts = {"exchange/a->b/dropped/x", "a/reward_errors"}
+    fill_absent({"exchange/a->b/dropped/x": 2.0, "a/entropy": 1.0, "a/reward_errors": 1.0, "a/lr": 1e-3}, seen, counts)
     now = {"a/lr": 1e-3}
-    fill_absent(now, seen)
+    fill_absent(now, seen, counts)
     assert now["exchange/a->b/dropped/x"] == 0.0 and now["a/reward_errors"] == 0.0
     assert math.isnan(now["a/entropy"]) and now["a/lr"] == 1e-3
     assert seen == {"exchange/a->b/dropped/x", "a/entropy", "a/reward_errors", "a/lr"}

@@ -15,7 +15,7 @@ runs; DDP-style replicas synchronise only gradients, which ``MutualFSDPStrategy`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -110,32 +110,16 @@ def raise_together(error: BaseException | None, what: str) -> None:
         raise RuntimeError(f"{what} failed on another rank (see its error above); stopping this rank too.")
 
 
-def mean_over_ranks(metrics: Mapping[str, float], sum_prefixes: Sequence[str] = (),
-                    sum_suffixes: Sequence[str] = ()) -> dict[str, float]:
-    """Metrics reduced over ranks (one ``all_gather_object``; identity in one process); the result is the same
-    on every rank (so callbacks that plan from logged metrics agree).
-
-    Keys starting with one of ``sum_prefixes`` (or ending with one of ``sum_suffixes``) are counts: summed over
-    ranks, a rank without the key counting 0
-    (so flow counts still add up: consumed + dropped = delivered). Every other key is a per-rank value averaged
-    over the ranks that logged it (a regime's per-source statistic may exist on some ranks only).
-    """
-    if not is_distributed():
-        return dict(metrics)
-    gathered: list = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, {k: float(v) for k, v in metrics.items()})
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    for part in gathered:
-        for k, v in part.items():
-            sums[k] = sums.get(k, 0.0) + v
-            counts[k] = counts.get(k, 0) + 1
-    prefixes, suffixes = tuple(sum_prefixes), tuple(sum_suffixes)
-
-    def is_count(k: str) -> bool:
-        return bool(prefixes and k.startswith(prefixes)) or bool(suffixes and k.endswith(suffixes))
-
-    return {k: sums[k] if is_count(k) else sums[k] / counts[k] for k in sorted(sums)}
+def call_together(fn, what: str):
+    """``fn()``; under several processes an exception on any rank raises on every rank (:func:`raise_together`), so
+    no rank is left waiting in the next collective."""
+    result, error = None, None
+    try:
+        result = fn()
+    except Exception as e:  # noqa: BLE001 - re-raised on this rank, reported to the others
+        error = e
+    raise_together(error, what)
+    return result
 
 
 def gather_objects(obj) -> list:

@@ -1,18 +1,15 @@
 """MutualRLModule: N heterogeneous policies, one LightningModule, manual optimization.
 
-The module orchestrates and holds no math: per training step it samples each policy's groups (rollout engine),
-scores them on text (rewards), computes GRPO advantages per own group (algorithms), lets each receiver's regime
-build its training plan from its own and its peers' groups (regimes), and runs each policy's update
-(update.loop). ``max_steps`` counts training steps: every optimizer step goes through the strategy without
-touching Lightning's step counter, which the module advances once per training step.
+The module is the Lightning adapter of the training step (:func:`mutual_rl.step.pipeline.run_step`, which holds
+no Lightning): it builds the policies, hands the step Lightning's manual backward and the strategy's optimizer step,
+logs the step's typed report, keeps the step counter (``max_steps`` counts training steps: every optimizer step goes
+through the strategy without touching Lightning's counter, advanced once per training step), evaluates, checkpoints
+and exports.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
-import random
-import time
 from pathlib import Path
 from typing import Literal
 
@@ -23,25 +20,28 @@ from torch import nn
 from mutual_rl.distributed import (
     gather_objects,
     lockstep_needed,
-    mean_over_ranks,
-    raise_together,
     rank_and_world,
     rank_part,
 )
 from mutual_rl.evaluation.validation import EvalConfig, Evaluator
-from mutual_rl.exchange import ExperienceExchange, trace_records
+from mutual_rl.exchange import ExperienceExchange
 from mutual_rl.model.export import export_policies, step_folder
 from mutual_rl.model.policy import build_policy
 from mutual_rl.model.spec import PolicySpec
-from mutual_rl.regimes import Regime, as_regime, regime_name
-from mutual_rl.regimes.crossing import thl_residual
-from mutual_rl.resume import apply_optimizer_settings, match_policies_by_name
-from mutual_rl.rewards import RewardError, RewardTerm, build_reward
+from mutual_rl.regimes import Regime, as_regime, regime_name, require_a_peer
+from mutual_rl.resume import (
+    apply_optimizer_settings,
+    match_policies_by_name,
+    offset_rng_per_rank,
+    rng_state,
+    rng_to_restore,
+    set_rng_state,
+)
+from mutual_rl.rewards import RewardTerm, build_reward
 from mutual_rl.rollout import RolloutEngine, get_engine
-from mutual_rl.step.dynamic import check_dynamic_sampling, dynamic_sample, sample_round
+from mutual_rl.step.dynamic import check_dynamic_sampling
+from mutual_rl.step.pipeline import StepContext, run_step
 from mutual_rl.step_metrics import (
-    COUNT_PREFIXES,
-    COUNT_SUFFIXES,
     fill_absent,
     log_histograms,
     log_samples,
@@ -49,11 +49,9 @@ from mutual_rl.step_metrics import (
 )
 from mutual_rl.strategies import has_activation_checkpointing
 from mutual_rl.threads import check_num_threads, configure_threads
-from mutual_rl.types import PromptBatch, ScoredGroup
+from mutual_rl.types import PromptBatch
 from mutual_rl.update.config import GRPOConfig
-from mutual_rl.update.loop import update_policy
-from mutual_rl.update.schedule import decay_end, set_lr
-from mutual_rl.update.scoring import score_groups
+from mutual_rl.update.schedule import decay_end
 from mutual_rl.warnings_filters import ignore_inapplicable_warnings, warn_on_true_half_precision
 
 
@@ -152,9 +150,14 @@ class MutualRLModule(LightningModule):
         self._decay_ends: dict[str, int | None] = {}  # policy -> step its LR decay ends (update/schedule.py)
         self.policies = nn.ModuleDict()
         self.engine = get_engine(rollout_engine) if isinstance(rollout_engine, str) else rollout_engine
-        self._rng_to_restore = None
-        self._offset_rng_per_rank = False
+        if not isinstance(self.engine, RolloutEngine):
+            raise TypeError(f"model.rollout_engine must be a RolloutEngine (mutual_rl.interfaces: generate, place, "
+                            f"sync_weights, close), e.g. class_path HFRolloutEngine or VLLMRolloutEngine, or the name "
+                            f"hf or vllm; got {type(self.engine).__name__}.")
+        self._rng_to_restore, self._offset_rng_per_rank = None, False
         self._logged_keys: set[str] = set()  # every step metric ever logged (step_metrics.fill_absent)
+        self._count_keys: set[str] = set()  # those that are counts (0, not NaN, when absent)
+        self.last_report = None  # the last training step's StepReport (reduced over ranks), read by MWRA
         self._collapse_warned: set[str] = set()
         from mutual_rl.data.prompt_length import check_prompt_overflow_mode
         from mutual_rl.rewards.guard import check_reward_settings
@@ -234,107 +237,40 @@ class MutualRLModule(LightningModule):
 
     # ------------------------------------------------------------------------------------------ training
     def training_step(self, batch: PromptBatch, batch_idx: int):
-        step, ex = self.global_step, self.exchange
-        ex.begin_step(step)
-        groups: dict[str, list[ScoredGroup]] = {}
-        metrics: dict[str, float] = {}
-        for spec in self.specs:
-            error = None
-            try:
-                groups[spec.name], m = self._rollout_and_score(spec, batch, step)
-            except RewardError as e:  # several processes: every rank stops, none waits in the next collective
-                error = e
-            raise_together(error, f"scoring policy {spec.name!r}'s rollouts")
-            metrics.update({f"{spec.name}/{k}": v for k, v in m.items()})
-            for g in groups[spec.name]:
-                ex.publish(g)
-        if ex.replayed_policies:  # stored-peer mode: recorded peers' groups for this step's prompts
-            for name, gs in ex.replay_groups(step, [p.prompt_id for p in batch.problems]).items():
-                metrics[f"{name}/reward"] = float(torch.cat([g.rewards for g in gs]).mean()) if gs else 0.0
-        optimizers = self.optimizers()
-        optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
-        hists: dict[str, torch.Tensor] = {}
-        for spec, opt in zip(self.specs, optimizers):
-            policy = self.policies[spec.name]
-            budget = self.budgets.get(spec.name)
-            if budget is not None and not budget.update:  # MWRA: this policy does not update this step
-                for source, gs in ex.deliveries(spec.name).items():
-                    ex.report(spec.name, source, consumed=0,
-                              dropped={"over_budget": sum(len(g.rollouts) for g in gs)} if gs else {})
-                continue
-            t0 = time.perf_counter()
-            metrics[f"{spec.name}/lr"] = set_lr(opt.optimizer, spec.optimizer, step, self._decay_ends.get(spec.name))
-            delivered = ex.deliveries(spec.name)
-            plan = self.regimes[spec.name].plan(policy, groups[spec.name], delivered,
-                                                 self.algorithm.num_mini_batches)
-            if plan.crossed:  # aligned traces (PRP peer_aligned) go with the step's traffic (stored, not delivered)
-                traces = trace_records(plan.crossed, [g for gs in delivered.values() for g in gs])
-                if traces:
-                    ex.publish(traces)
-            every = self.thl_residual_every_n_steps
-            if plan.crossed is not None and every and step % every == 0:
-                granularity = getattr(self.regimes[spec.name], "granularity", "word")  # the regime's own, if any
-                metrics.update(thl_residual(policy, plan.crossed, granularity=granularity))
-            for source, flow in plan.flows.items():
-                ex.report(spec.name, source, consumed=flow.get("consumed", 0),
-                          dropped={k: v for k, v in flow.items() if k != "consumed"})
-            m = update_policy(
-                policy, plan, self.algorithm, backward=self.manual_backward,
-                step_optimizer=lambda o=opt: self.trainer.strategy.optimizer_step(o.optimizer, lambda: None, self),
-                zero_grad=lambda o=opt: o.zero_grad(set_to_none=True),
-            )
-            m["train_s"] = time.perf_counter() - t0
-            m["train_tokens_per_s"] = m["trained_tokens"] / max(m["train_s"], 1e-9)
-            sync = getattr(self.engine, "sync_weights", None)
-            if sync is not None:  # engines that hold their own copy of the weights (vLLM): push the update
-                m.update(sync(policy) or {})
-            for k, v in {**m, **plan.metrics}.items():
-                if k.startswith("hist/"):
-                    hists[f"{spec.name}/{k[5:]}"] = torch.as_tensor(v)
-                else:
-                    metrics[f"{spec.name}/{k}"] = float(v)
-        metrics.update(ex.end_step())
-        # several processes: every rank logs (and plans from) the same values; exchange counts and the reward-error
-        # and reward-timeout counts are global totals, everything else per-rank means (refused steps are agreed) (per-policy token counts: per rank, see ResourceAllocation)
-        metrics = mean_over_ranks(metrics, sum_prefixes=COUNT_PREFIXES, sum_suffixes=COUNT_SUFFIXES)
-        fill_absent(metrics, self._logged_keys)  # after the reduction: a gap only where no rank logged the key
-        warn_on_collapse(metrics, self.specs, step, self._collapse_warned)
+        """One training step (:func:`mutual_rl.step.pipeline.run_step`), then what the host does with its report:
+        log it (stale keys filled, a collapse warned), advance the step counter, mark the batch consumed, export."""
+        step = self.global_step
+        report = run_step(self._step_context(), batch, step)
+        self.last_report = report
+        metrics = report.metrics()
+        self._count_keys |= report.count_names()
+        fill_absent(metrics, self._logged_keys, self._count_keys)  # a gap only where no rank logged the key
+        warn_on_collapse(report, self.specs, step, self._collapse_warned)
         self._advance_step_counter()
         dm = self._datamodule()
         if dm is not None and hasattr(dm, "mark_consumed"):
             dm.mark_consumed(batch.index)
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(batch.problems))
-        self.log("reward", sum(metrics[f"{s.name}/reward"] for s in self.specs) / len(self.specs), prog_bar=True,
-                 batch_size=len(batch.problems))
-        log_histograms(self.logger, hists, step)
-        log_samples(self.logger, groups, batch, step, self.log_samples_every_n_steps)
+        self.log("reward", report.reward, prog_bar=True, batch_size=len(batch.problems))
+        log_histograms(self.logger, report.histograms, step)
+        log_samples(self.logger, {name: r.groups for name, r in report.policies.items()}, batch, step,
+                    self.log_samples_every_n_steps)
         if self.export_every_n_steps and (step + 1) % self.export_every_n_steps == 0:
             export_policies(self.policies, step_folder(self._export_root(), step + 1),
                             write=self.trainer.is_global_zero)
 
-    def _rollout_and_score(self, spec: PolicySpec, batch: PromptBatch, step: int):
-        """This step's scored groups of one policy and their metrics; with ``algorithm.dynamic_sampling`` its mixed
-        groups topped up from extra prompts (:mod:`mutual_rl.step.dynamic`; not on a step it does not update)."""
-        sampling = spec.sampling
-        budget = self.budgets.get(spec.name)
-        if budget is not None:  # MWRA: rollouts per prompt, max new tokens and rollout placement for this step
-            sampling = dataclasses.replace(sampling, n=budget.n, max_new_tokens=budget.max_new_tokens)
-            place = getattr(self.engine, "place", None)
-            if place is not None:
-                place(spec.name, budget.placement)
-        policy, a = self.policies[spec.name], self.algorithm
-
-        def generate(problems, group_id_base: int):
-            return self.engine.generate(policy, problems, sampling, step=step, group_id_base=group_id_base)
-
-        def score(problems, per_prompt):
-            return score_groups(spec.name, problems, per_prompt, self.reward_fn, eps=a.eps, scale=a.scale,
-                                success_threshold=a.success_threshold)
-
-        if not a.dynamic_sampling or (budget is not None and not budget.update):
-            return sample_round(generate, score, batch.problems, batch.offset)
-        return dynamic_sample(generate, score, batch, step=step, max_rounds=a.dynamic_sampling_max_rounds,
-                              datamodule=self._datamodule(), lockstep=lockstep_needed(policy.model))
+    def _step_context(self) -> StepContext:
+        """The step's view of this module: Lightning's manual backward and the strategy's optimizer step."""
+        optimizers = self.optimizers()
+        optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
+        return StepContext(
+            specs=self.specs, policies=self.policies, regimes=self.regimes, algorithm=self.algorithm,
+            engine=self.engine, exchange=self.exchange, reward_fn=self.reward_fn,
+            optimizers={spec.name: opt.optimizer for spec, opt in zip(self.specs, optimizers)},
+            backward=self.manual_backward,
+            optimizer_step=lambda opt: self.trainer.strategy.optimizer_step(opt, lambda: None, self),
+            budgets=self.budgets, datamodule=self._datamodule(), decay_ends=self._decay_ends,
+            thl_residual_every_n_steps=self.thl_residual_every_n_steps)
 
     def _advance_step_counter(self) -> None:
         """One training step = one ``global_step``, however many optimizer steps the policies took."""
@@ -354,27 +290,16 @@ class MutualRLModule(LightningModule):
             self.evaluator.add(self.policies[spec.name], problems)
 
     def on_validation_epoch_end(self) -> None:
-        flat = self._eval_metrics()
+        flat = self.evaluator.logged_metrics()
         mean = flat.pop("val_pass@1", None)
         if flat:
             self.log_dict(flat, on_epoch=True)
         if mean is not None:
             self.log("val_pass@1", mean, prog_bar=True, on_epoch=True)
 
-    def _eval_metrics(self) -> dict[str, float]:
-        """Finish the evaluation: ``<policy>/val/<metric>``, complementarity (NaN-free) and ``val_pass@1``."""
-        results = self.evaluator.finish()
-        flat = {f"{p}/val/{k}": v for p, ms in results.items() for k, v in ms.items()}
-        flat.update({k: v for k, v in self.evaluator.complementarity().items() if v == v})
-        if results:
-            flat["val_pass@1"] = sum(ms["pass@1"] for ms in results.values()) / len(results)
-        return flat
-
     # --------------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        if torch.cuda.is_available():  # sampling on GPUs draws from the accelerator's generators
-            rng["cuda"] = torch.cuda.get_rng_state_all()
+        rng = rng_state()
         checkpoint["mutual_rl"] = {
             "rng": rng,
             "rng_per_rank": gather_objects(rng),  # several processes: each rank resumes its own sampling stream
@@ -399,13 +324,7 @@ class MutualRLModule(LightningModule):
             checkpoint, list(state.get("policies") or state.get("versions", {})), [s.name for s in self.specs],
             self._ckpt_label(),
             type(strategy).__name__ if strategy is not None and strategy.restore_checkpoint_after_setup else None)
-        rank, world = rank_and_world()
-        per_rank = state.get("rng_per_rank") or [state.get("rng")]
-        if len(per_rank) == world:
-            self._rng_to_restore = per_rank[rank]
-        else:  # another world size: rank 0's stream, offset per rank below
-            self._rng_to_restore = per_rank[0]
-            self._offset_rng_per_rank = world > 1
+        self._rng_to_restore, self._offset_rng_per_rank = rng_to_restore(state, *rank_and_world())
         for name, v in state.get("versions", {}).items():
             if name in self.policies:
                 self.policies[name].version = v
@@ -431,17 +350,8 @@ class MutualRLModule(LightningModule):
         if stage != "fit" or len(self.specs) > 1 or self.trainer.max_steps == 0:
             return
         callbacks = getattr(self._trainer, "callbacks", []) if self._trainer is not None else []
-        if any(getattr(cb, "replayed_policies", None) for cb in callbacks if isinstance(cb, ExperienceExchange)):
-            return
-        spec = self.specs[0]
-        name = regime_name(self.regimes[spec.name])
-        if self.regimes[spec.name].subscribes:
-            where = "model.policies[0].regime" if spec.regime else "model.regime"
-            raise ValueError(
-                f"{where} is {name!r}, a sharing regime, but model.policies has the single policy {spec.name!r}: "
-                f"it has no peer to learn from. Add a second policy, replay a recorded peer (ExperienceExchange "
-                f"replay_dir/replay_policies), or set {where}: none."
-            )
+        if not any(getattr(cb, "replayed_policies", None) for cb in callbacks if isinstance(cb, ExperienceExchange)):
+            require_a_peer(self.specs[0], self.regimes[self.specs[0].name])
 
     def on_fit_start(self) -> None:
         self._decay_ends = {s.name: decay_end(s.optimizer, self.trainer.max_steps, s.name) for s in self.specs}
@@ -457,20 +367,12 @@ class MutualRLModule(LightningModule):
 
     def on_train_start(self) -> None:
         if self._rng_to_restore is not None:  # after every restore step, so nothing else consumes it first
-            torch.set_rng_state(self._rng_to_restore["torch"])
-            random.setstate(self._rng_to_restore["python"])
-            cuda = self._rng_to_restore.get("cuda")
-            if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-                torch.cuda.set_rng_state_all(cuda)
+            set_rng_state(self._rng_to_restore)
             self._rng_to_restore = None
         elif self.global_step == 0:
             self._offset_rng_per_rank = True
-        rank, world = rank_and_world()
-        if world > 1 and self._offset_rng_per_rank:
-            # seed_everything seeds every rank alike; ranks sample their own prompts with their own streams
-            seed = int(torch.randint(0, 2**62, (1,)).item()) + 1_000_003 * rank
-            torch.manual_seed(seed)
-            random.seed(seed)
+        if self._offset_rng_per_rank:
+            offset_rng_per_rank(*rank_and_world())
         self._offset_rng_per_rank = False
         dm = self._datamodule()
         limit = self.trainer.limit_val_batches
@@ -485,7 +387,7 @@ class MutualRLModule(LightningModule):
             part = rank_part(problems[start : start + dm.val_batch_size], *rank_and_world())
             for spec in self.specs:
                 self.evaluator.add(self.policies[spec.name], part)
-        flat = self._eval_metrics()
+        flat = self.evaluator.logged_metrics()
         for logger in self.loggers:
             logger.log_metrics(flat, step=0)
 

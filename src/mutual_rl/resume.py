@@ -1,10 +1,12 @@
-"""Resuming with an edited config: policies matched by name, the configured optimizer settings applied.
+"""Resuming: policies matched by name, the configured optimizer settings applied, sampling streams put back.
 
-Pure functions of the checkpoint dict and the config, called from the module's checkpoint hooks.
+Functions of the checkpoint dict, the config and the process's random generators, called from the module's
+checkpoint hooks.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 import torch
@@ -61,3 +63,39 @@ def match_policies_by_name(checkpoint: dict, saved: list[str], current: list[str
                          "not written by this version of mutual-rl; resume without reordering.")
     by_name = dict(zip(saved, states))
     checkpoint["optimizer_states"] = [by_name[name] for name in current]
+
+
+def rng_state() -> dict:
+    """This process's sampling streams: torch's CPU generator, Python's ``random`` and, on GPUs, every CUDA
+    generator (sampling there draws from the accelerator's)."""
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def rng_to_restore(state: dict, rank: int, world: int) -> tuple[dict | None, bool]:
+    """The stream this rank resumes from a checkpoint's mutual-rl state, and whether ranks must then be offset: each
+    rank its own when the world size is the same, else rank 0's, offset per rank."""
+    per_rank = state.get("rng_per_rank") or [state.get("rng")]
+    if len(per_rank) == world:
+        return per_rank[rank], False
+    return per_rank[0], world > 1
+
+
+def set_rng_state(rng: dict) -> None:
+    """Put back a stream of :func:`rng_state` (CUDA generators only when the device count matches)."""
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    cuda = rng.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def offset_rng_per_rank(rank: int, world: int) -> None:
+    """Several processes: ``seed_everything`` seeds every rank alike, but ranks sample their own prompts with their
+    own streams, so each rank reseeds from its stream plus an offset of its rank (nothing in one process)."""
+    if world > 1:
+        seed = int(torch.randint(0, 2**62, (1,)).item()) + 1_000_003 * rank
+        torch.manual_seed(seed)
+        random.seed(seed)

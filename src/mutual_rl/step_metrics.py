@@ -7,35 +7,35 @@ from collections.abc import Sequence
 from lightning.pytorch.utilities import rank_zero_warn
 
 from mutual_rl.model.spec import PolicySpec
-
-COUNT_PREFIXES = ("exchange/",)
-COUNT_SUFFIXES = ("/reward_errors", "/reward_timeouts")
-"""Keys that are counts of this step (summed over ranks; 0 when absent)."""
+from mutual_rl.step.report import StepReport
 
 
-def fill_absent(metrics: dict[str, float], seen: set[str]) -> None:
-    """Every key logged at an earlier step (``seen``) but absent from this step's ``metrics`` is set: counts
-    (exchange flows such as ``exchange/<s>-><r>/dropped/<reason>``, reward errors/timeouts) to 0.0, everything else
-    (per-token means of the update when no token of that kind trained -- ``entropy``, ``clip_frac_*``,
-    ``self/...``, ``peer/...``, ``kl`` --, THL residuals on steps that do not measure them, a regime's per-source
-    statistics) to NaN, so a dashboard shows a gap. Otherwise Lightning logs the key's last value again at every
-    later step (it keeps it in its result collection), which repeats a stale value in ``callback_metrics``, the
-    progress bar and the loggers' files. Then adds this step's keys to ``seen``."""
+def fill_absent(metrics: dict[str, float], seen: set[str], counts: set[str]) -> None:
+    """Every key logged at an earlier step (``seen``) but absent from this step's ``metrics`` is set: counts (the
+    names in ``counts``, from the report's count fields: exchange flows such as
+    ``exchange/<s>-><r>/dropped/<reason>``, reward errors/timeouts) to 0.0, everything else (per-token statistics of
+    the update when no token of that kind trained -- ``entropy``, ``clip_frac_*``, ``self/...``, ``peer/...``,
+    ``kl`` --, THL residuals on steps that do not measure them, a regime's per-source statistics) to NaN, so a
+    dashboard shows a gap. Otherwise Lightning logs the key's last value again at every later step (it keeps it in
+    its result collection), which repeats a stale value in ``callback_metrics``, the progress bar and the loggers'
+    files. Then adds this step's keys to ``seen``."""
     for key in seen - metrics.keys():
-        count = key.startswith(COUNT_PREFIXES) or key.endswith(COUNT_SUFFIXES)
-        metrics[key] = 0.0 if count else float("nan")
+        metrics[key] = 0.0 if key in counts else float("nan")
     seen.update(metrics)
 
 
-def warn_on_collapse(metrics: dict[str, float], specs: Sequence[PolicySpec], step: int, warned: set[str]) -> None:
+def warn_on_collapse(report: StepReport, specs: Sequence[PolicySpec], step: int, warned: set[str]) -> None:
     """Warn once per policy (``warned`` remembers) when it collapses: reward 0 with no response ending on EOS
     (after step 0), or token entropy below 1e-3."""
     for spec in specs:
         name = spec.name
-        reward, eos = metrics.get(f"{name}/reward"), metrics.get(f"{name}/eos_frac")
-        entropy = metrics.get(f"{name}/entropy")
+        r = report.policies.get(name)
+        if r is None:
+            continue
+        tokens = r.update.tokens if r.update is not None else None
+        entropy = tokens.rows.entropy if tokens is not None else None
         why = None
-        if step > 0 and reward == 0.0 and eos == 0.0:
+        if step > 0 and r.scoring.reward == 0.0 and r.rollout.eos_frac == 0.0:
             why = "reward 0 and no response ends on EOS"
         elif entropy is not None and entropy == entropy and entropy < 1e-3:
             why = f"token entropy {entropy:.2g}"

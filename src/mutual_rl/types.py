@@ -230,6 +230,7 @@ class TrainingPlan:
     objective_kwargs: dict = field(default_factory=dict)
     nll: NLLTerm | None = None
     crossed: list | None = None
+    histograms: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> 1-D values, logged as histograms
 
 
 def collate(

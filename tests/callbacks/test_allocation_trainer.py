@@ -8,6 +8,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from mutual_rl.allocation import Budget
 from mutual_rl.callbacks import ResourceAllocation
+from mutual_rl.interfaces import RolloutEngine
 from tests.module.helpers import datamodule, module, pair, trainer
 
 
@@ -86,7 +87,7 @@ def test_constructor_rejects_bad_arguments():
             ResourceAllocation(**kw)
 
 
-class _Placing:
+class _Placing(RolloutEngine):
     """An HF engine that records the placements the module hands it each step."""
 
     def __init__(self, engine):

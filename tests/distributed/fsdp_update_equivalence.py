@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from mutual_rl.data.task import ArithmeticTask  # noqa: E402
 from mutual_rl.model.policy import build_policy  # noqa: E402
 from mutual_rl.model.spec import SamplingSpec  # noqa: E402
-from mutual_rl.regimes.base import NLLTerm, TrainingPlan, split_rows  # noqa: E402
+from mutual_rl.regimes.base import split_rows  # noqa: E402
 from mutual_rl.rollout.hf import HFRolloutEngine  # noqa: E402
 from mutual_rl.strategies import clean_name, shard_model  # noqa: E402
-from mutual_rl.types import collate  # noqa: E402
+from mutual_rl.types import NLLTerm, TrainingPlan, collate  # noqa: E402
 from mutual_rl.update.config import GRPOConfig  # noqa: E402
 from mutual_rl.update.loop import update_policy  # noqa: E402
 from mutual_rl.update.scoring import score_groups  # noqa: E402
@@ -109,7 +109,7 @@ def main(out: str) -> None:
     if rank == 0:
         Path(out).write_text(json.dumps({
             "max_diff": diff, "max_change": change, "active_rows_per_rank": all_active,
-            "nll_rows": len(successes), "version": policy.version, "grad_norm": metrics["grad_norm"],
+            "nll_rows": len(successes), "version": policy.version, "grad_norm": metrics.grad_norm,
         }))
     dist.destroy_process_group()
 

@@ -11,7 +11,6 @@ from mutual_rl import distributed as D
 def test_one_process_helpers_are_identities():
     assert D.rank_and_world() == (0, 1) and not D.is_distributed()
     assert D.agree_max([3, 0, 2]) == [3, 0, 2] and D.agree_sum([1.5, 2]) == [1.5, 2.0]
-    assert D.mean_over_ranks({"a": 1, "b": 2.5}) == {"a": 1.0, "b": 2.5}
     assert D.gather_objects({"x": 1}) == [{"x": 1}]
     assert str(D.collective_device()) == "cpu" and not D.lockstep_needed(None)
 

@@ -21,6 +21,7 @@ from mutual_rl.data.task import ArithmeticTask  # noqa: E402
 from mutual_rl.model.policy import build_policy  # noqa: E402
 from mutual_rl.model.spec import SamplingSpec  # noqa: E402
 from mutual_rl.rollout import vllm as V  # noqa: E402
+from mutual_rl.stats import flatten  # noqa: E402
 from mutual_rl.strategies import shard_model  # noqa: E402
 from mutual_rl.types import Problem  # noqa: E402
 from tests.module.helpers import TASK, spec  # noqa: E402
@@ -80,7 +81,7 @@ def main(out: str) -> None:
         result[name] = {
             "seed": config.model_config.seed, "backend": config.parallel_config.distributed_executor_backend,
             "texts": [r.response_text for g_ in groups for r in g_], "sampled_gap": sampled_gap,
-            "stale_caught": stale_caught, **sync,
+            "stale_caught": stale_caught, **flatten(sync),
             "synced_gap": trainer_gap(policy, engine.generate(policy, PROBLEMS, SAMPLING, step=1)),
         }
     # a sync that loads nothing on rank 1 only: rank 1 raises its WeightSyncError, rank 0 stops too

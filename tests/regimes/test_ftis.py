@@ -132,9 +132,9 @@ def test_ftis_objective_by_hand():
     assert loss.item() == pytest.approx((2.0 + float(peer.sum())) / 7, abs=1e-7)
     loss.backward()
     torch.testing.assert_close(logp.grad, torch.cat([torch.tensor([[1 / 7, 1 / 7, 0.0]]), peer / 7]), rtol=0, atol=1e-7)
-    assert m["self/ratio_mean"].item() == pytest.approx(1.0) and m["self/num_tokens"].item() == 2
-    assert m["peer/num_tokens"].item() == 5 and m["approx_kl"].item() == pytest.approx(0.0, abs=1e-7)
-    assert m["self/approx_kl"].item() == pytest.approx(0.0, abs=1e-7)
+    assert m.own.ratio_mean.item() == pytest.approx(1.0) and m.own.num_tokens.item() == 2
+    assert m.peer.num_tokens.item() == 5 and m.rows.approx_kl.item() == pytest.approx(0.0, abs=1e-7)
+    assert m.own.approx_kl.item() == pytest.approx(0.0, abs=1e-7)
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
@@ -288,10 +288,10 @@ def test_update_on_a_tiny_policy_and_micro_batches_change_nothing():
     m = _update(policy, plan, GRPOConfig(num_mini_batches=1))
     after = [p.detach().clone() for p in params]
     assert any(not torch.equal(a, b) for a, b in zip(after, before))
-    assert m["peer/ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # old_logp = π_R,old of this step
+    assert m.tokens.peer.ratio_mean == pytest.approx(1.0, abs=1e-5)  # old_logp = π_R,old of this step
     b = plan.batch.select([2, 3])
     w = torch.exp(b.old_logp - b.gen_logp).clamp(max=2.0)
-    assert m["peer/is_weight_mean"] == pytest.approx(float((w * b.response_mask).sum() / b.response_mask.sum()),
+    assert m.tokens.peer.is_weight_mean == pytest.approx(float((w * b.response_mask).sum() / b.response_mask.sum()),
                                                      rel=1e-5)
     # the same update in micro-batches of one row: the same weights after the step
     with torch.no_grad():

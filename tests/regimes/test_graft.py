@@ -93,9 +93,8 @@ def test_whole_group_replacement_keeps_source_advantages():
     assert torch.equal(b.old_logp[8:], -0.5 * b.response_mask[8:])
     # peer-last in the batch (paper): 12 rows in the same 2 mini-batches of 6, the grafted rows in the last one
     assert plan.mini_batches == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]
-    # the earlier rule (peer_last="extra"): own rows split in 2, then ceil(4 / ceil(12 / 2)) = 1 extra mini-batch
-    extra = get_regime("graft", peer_last="extra").plan(recv, own, peers, 2)
-    assert extra.mini_batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    with pytest.raises(ValueError, match="peer_last"):  # the earlier extra-mini-batches rule is gone
+        get_regime("graft", peer_last="extra")
     # no peer-last order (ablation): the grafted group stays in prompt 0's place
     none = get_regime("graft", peer_last="none").plan(recv, own, peers, 2)
     assert none.batch.prompt_ids == [0] * 4 + [1] * 4 + [2] * 4 and none.batch.is_peer[:4].all()
@@ -103,7 +102,7 @@ def test_whole_group_replacement_keeps_source_advantages():
     m = plan.metrics
     assert (m["candidates/s"], m["candidates_reverse/s"], m["selected/s"], m["rescued/s"]) == (1, 1, 1, 1)
     assert m["transferred_groups"] == 1 and m["transferred_responses"] == 4 and m["admitted_frac"] == 1.0
-    assert torch.equal(m["hist/compat_s"], torch.ones(4))
+    assert torch.equal(plan.histograms["compat_s"], torch.ones(4))
     assert m["compat_s_mean"] == m["compat_s_min"] == m["compat_s_max"] == 1.0
 
 
@@ -117,7 +116,7 @@ def test_no_candidates():
     assert not plan.batch.is_peer.any() and len(plan.batch) == 8
     assert plan.mini_batches == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert plan.metrics["transferred_groups"] == 0 and plan.metrics["admitted_frac"] == 0.0
-    assert plan.metrics["hist/compat_s"].numel() == 0 and "compat_s_mean" not in plan.metrics
+    assert plan.histograms["compat_s"].numel() == 0 and "compat_s_mean" not in plan.metrics
 
 
 def test_one_direction_only_m_zero_and_stored_peer_mode():
@@ -179,7 +178,7 @@ def test_compatibility_weights_and_floor_in_plan():
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"consumed": 3, "compat_below_floor": 1, "not_candidate": 4}}
     s = torch.tensor([1.0, math.exp(-0.125), math.exp(-0.25), math.exp(0.5)])
-    torch.testing.assert_close(plan.metrics["hist/compat_s"], s, rtol=0, atol=1e-7)
+    torch.testing.assert_close(plan.histograms["compat_s"], s, rtol=0, atol=1e-7)
     b = plan.batch
     rows = peer_rows(plan)
     assert row_texts(recv, b, rows) == ["46", "47", "49"]
@@ -218,7 +217,7 @@ def test_cross_tokenizer_means_each_in_own_tokenization():
     # receiver: "123" + EOS = 4 char tokens with log-probs 0, -0.1, -0.2, -0.3 -> mean -0.15
     src_mean = sum(torch.tensor(trace).double().tolist()) / n_src
     s = math.exp(-0.15 - src_mean)
-    torch.testing.assert_close(plan.metrics["hist/compat_s"], torch.tensor([s, s]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(plan.histograms["compat_s"], torch.tensor([s, s]), rtol=0, atol=1e-6)
     rows = peer_rows(plan)
     torch.testing.assert_close(plan.batch.weights[rows], torch.tensor([min(s, 1.0)] * 2), rtol=0, atol=1e-6)
     torch.testing.assert_close(plan.batch.old_logp[rows[0], :4], torch.tensor([0.0, -0.1, -0.2, -0.3]))
@@ -312,7 +311,7 @@ def test_peer_last_order_in_update():
     torch.testing.assert_close(sub.old_logp, lp * sub.response_mask, rtol=0, atol=1e-5)
     r_mean = (lp * sub.response_mask).sum(-1) / sub.response_mask.sum(-1)
     s_expected = torch.exp(r_mean + 0.5)  # make_group's source traces are -0.5 per token
-    torch.testing.assert_close(plan.metrics["hist/compat_s"], s_expected, rtol=1e-5, atol=0)
+    torch.testing.assert_close(plan.histograms["compat_s"], s_expected, rtol=1e-5, atol=0)
     torch.testing.assert_close(sub.weights, s_expected.clamp(max=1.0), rtol=1e-5, atol=0)
     before = [p.detach().clone() for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.1)

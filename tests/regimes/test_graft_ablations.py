@@ -83,7 +83,7 @@ def test_compatibility_off_grafts_every_response_with_weight_one():
     assert torch.equal(b.weights, torch.ones(6))
     assert torch.equal(b.advantages[rows], torch.tensor([0.5, -0.5, 0.25, -0.25]))
     # s is still computed and logged; the receiver's log-probs stay the grafted rows' old log-probs (π_R,old)
-    torch.testing.assert_close(plan.metrics["hist/compat_s"], torch.tensor(S_ALL), rtol=0, atol=1e-7)
+    torch.testing.assert_close(plan.histograms["compat_s"], torch.tensor(S_ALL), rtol=0, atol=1e-7)
     assert torch.equal(b.old_logp[rows], -1.0 * b.response_mask[rows]) and not b.needs_old_logp.any()
     assert plan.metrics["admitted_frac"] == 1.0 and plan.metrics["transferred_responses"] == 4
     assert _split(plan) == {"evaluated_success": 2.0, "evaluated_failure": 2.0, "admitted_success": 2.0,
@@ -117,7 +117,7 @@ def test_successes_only_weighted():
     assert b.prompt_ids == [1, 1, 0] and rows == [2]
     assert row_texts(recv, b, rows) == ["46"]
     assert b.advantages[2].item() == 0.5 and b.weights[2].item() == 1.0  # source advantage, w = min(1, 1)
-    torch.testing.assert_close(plan.metrics["hist/compat_s"], torch.tensor([1.0, E(-0.25)]), rtol=0, atol=1e-7)
+    torch.testing.assert_close(plan.histograms["compat_s"], torch.tensor([1.0, E(-0.25)]), rtol=0, atol=1e-7)
     assert plan.metrics["admitted_frac"] == 0.5
     assert _split(plan) == {"evaluated_success": 2.0, "evaluated_failure": 0.0, "admitted_success": 1.0,
                             "admitted_failure": 0.0, "admitted_frac_success": 0.5}
@@ -193,7 +193,7 @@ def test_ablation_two_trainer_steps(args, tmp_path, monkeypatch):
         assert_flows(plan, peers)
         b, peer = plan.batch, plan.batch.is_peer
         mt = plan.metrics
-        assert mt["evaluated_success"] + mt["evaluated_failure"] == plan.metrics["hist/compat_s"].numel()
+        assert mt["evaluated_success"] + mt["evaluated_failure"] == plan.histograms["compat_s"].numel()
         assert mt["admitted_success"] + mt["admitted_failure"] == int(peer.sum())
         if args.get("compatibility") == "off":
             assert torch.equal(b.weights, torch.ones(len(b)))

@@ -155,10 +155,10 @@ def test_objective_value_gradient_and_metrics_hand_derived():
     grad[2] = -(2 * s2) / 5  # -(sg(s) · Â/cap · s / |o|) / num_seqs
     torch.testing.assert_close(logp.grad, grad, rtol=0, atol=1e-6)
     # token-weighted sequence metrics: self rows 0 (clipped, 2 tokens), 1; peer rows 2 (in), 3 (>1, 1 token), 4 (<L)
-    assert float(m["self/clip_frac"]) == pytest.approx(0.5)
-    assert float(m["peer/clip_frac_low"]) == pytest.approx(2 / 5)
-    assert float(m["peer/clip_frac_high"]) == pytest.approx(1 / 5)
-    assert float(m["self/num_tokens"]) == 4 and float(m["peer/num_tokens"]) == 5
+    assert float(m.own.clip_frac) == pytest.approx(0.5)
+    assert float(m.peer.clip_frac_low) == pytest.approx(2 / 5)
+    assert float(m.peer.clip_frac_high) == pytest.approx(1 / 5)
+    assert float(m.own.num_tokens) == 4 and float(m.peer.num_tokens) == 5
 
 
 def test_objective_alpha_and_lower_bound():
@@ -186,7 +186,7 @@ def test_objective_micro_batch_invariant_with_kl(kl_peer_rows):
     kl_seqs = 5 if kl_peer_rows else 2
     assert float(loss.detach()) == pytest.approx(-(1.0004 - 1.0 + 4 * s2 + 0.5 - 0.64) / 5 + 1e-3 * k3 * kl_seqs / 5,
                                                  abs=1e-6)
-    assert float(m["kl"]) == pytest.approx(k3, abs=1e-6)
+    assert float(m.rows.kl) == pytest.approx(k3, abs=1e-6)
     full_grad = logp.grad.clone()
     dk = 1 - math.exp(-0.1)  # d k3 / d logp
     expected = torch.tensor([[0.0, 0.0], [0.1, 0.1], [-0.4 * s2, -0.4 * s2], [0.0, 0.0], [0.0, 0.0]])
@@ -227,6 +227,6 @@ def test_update_on_tiny_policy_with_kl():
     m = update_policy(policy, plan, GRPOConfig(num_mini_batches=2, kl_coef=1e-3, kl_kind="k3"),
                       backward=lambda loss: loss.backward(), step_optimizer=opt.step,
                       zero_grad=lambda: opt.zero_grad(set_to_none=True))
-    assert all(math.isfinite(v) for v in m.values())
-    assert "peer/seq_ratio_mean" in m and "kl" in m and m["skipped_frac"] == 0.0
+    assert all(math.isfinite(v) for v in m.metrics().values())
+    assert m.tokens.peer.seq_ratio_mean is not None and m.tokens.rows.kl is not None and m.skipped_frac == 0.0
     assert any(bool((p.detach() != b).any()) for p, b in zip(params, before))

@@ -155,11 +155,11 @@ def test_prp_tis_loss_and_gradient_by_hand():
     expected = torch.tensor([[0.2, 0.2, 0.0], [-1.5 * 2 / 5, -math.exp(-1) * 2 / 5, -2 / 5]])
     torch.testing.assert_close(logp.grad, expected, rtol=0, atol=1e-7)
     rho = torch.tensor([math.exp(0.5), math.exp(-1), 1.0])
-    assert m["peer/is_trunc_frac"].item() == pytest.approx(1 / 3)
-    assert m["peer/is_abs_dev"].item() == pytest.approx((rho - 1).abs().mean().item(), abs=1e-6)
-    assert m["peer/ratio_mean"].item() == pytest.approx(rho.mean().item(), abs=1e-6)
-    assert m["self/ratio_mean"].item() == pytest.approx(1.0)
-    assert m["peer/num_tokens"].item() == 3 and m["self/num_tokens"].item() == 2
+    assert m.peer.is_trunc_frac.item() == pytest.approx(1 / 3)
+    assert m.peer.is_abs_dev.item() == pytest.approx((rho - 1).abs().mean().item(), abs=1e-6)
+    assert m.peer.ratio_mean.item() == pytest.approx(rho.mean().item(), abs=1e-6)
+    assert m.own.ratio_mean.item() == pytest.approx(1.0)
+    assert m.peer.num_tokens.item() == 3 and m.own.num_tokens.item() == 2
 
 
 def test_prp_tis_own_rows_keep_the_dapo_clip_and_peer_weights_scale():
@@ -223,8 +223,8 @@ def test_update_on_a_tiny_policy(denominator):
                       step_optimizer=opt.step, zero_grad=lambda: opt.zero_grad(set_to_none=True))
     assert any(not torch.equal(p.detach(), b0) for p, b0 in zip(params, before))
     if denominator == "learner_snapshot":
-        assert m["peer/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
-        assert m["self/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+        assert m.tokens.peer.ratio_mean == pytest.approx(1.0, abs=1e-5)
+        assert m.tokens.own.ratio_mean == pytest.approx(1.0, abs=1e-5)
     else:
         with torch.no_grad():
             sub = plan.batch.select([2, 3])
@@ -233,5 +233,5 @@ def test_update_on_a_tiny_policy(denominator):
             logp, _ = policy.response_logp(sub.input_ids, sub.attention_mask, plan.batch.response_width, 1.0)
             rho = torch.exp(logp - sub.old_logp)
             mask = sub.response_mask
-        assert m["peer/ratio_mean"] == pytest.approx(float((rho * mask).sum() / mask.sum()), rel=1e-4)
-        assert m["peer/is_trunc_frac"] == pytest.approx(float(((rho > 2.0) * mask).sum() / mask.sum()), abs=1e-6)
+        assert m.tokens.peer.ratio_mean == pytest.approx(float((rho * mask).sum() / mask.sum()), rel=1e-4)
+        assert m.tokens.peer.is_trunc_frac == pytest.approx(float(((rho > 2.0) * mask).sum() / mask.sum()), abs=1e-6)

@@ -193,7 +193,7 @@ def test_update_moves_parameters_along_minus_grad_nll():
 
     m = update_policy(policy, plan, GRPOConfig(num_mini_batches=2, old_logp="rollout"),
                       backward=lambda loss: loss.backward(), step_optimizer=opt.step, zero_grad=zero)
-    assert m["skipped_frac"] == 1.0 and m["nll"] > 0
+    assert m.skipped_frac == 1.0 and m.nll > 0
     changed = False
     for p, b0, g0, g1 in zip(params, before, *expected):
         torch.testing.assert_close(p.detach(), b0 - lr * (g0 + g1), rtol=0, atol=1e-6)

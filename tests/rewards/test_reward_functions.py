@@ -23,6 +23,7 @@ from mutual_rl.rewards import (
     reward_style,
 )
 from mutual_rl.rewards.base import available_rewards
+from mutual_rl.stats import flatten
 from mutual_rl.types import Problem, Rollout
 from mutual_rl.update.scoring import score_groups
 from tests.module.helpers import RecordMetrics
@@ -151,11 +152,12 @@ def test_weighted_sum_and_per_term_metrics_by_hand():
     # integer_match: [1, 1, 0], [0, 1, 1]; level hit: [0, 1, None], [1, 0, 0]; boxed_format: [0, 1, 0], [0, 1, 0]
     assert groups[0].rewards.tolist() == pytest.approx([1.0, 1.0 - 0.5 + 0.2, 0.0])
     assert groups[1].rewards.tolist() == pytest.approx([-0.5, 1.0 + 0.2, 1.0])
-    assert m["reward/integer_match"] == pytest.approx(4 / 6)
-    assert m["reward/trl_level_hit"] == pytest.approx(2 / 6)  # the None counts 0.0
-    assert m["reward/format"] == pytest.approx(2 / 6)
-    assert m["reward"] == pytest.approx((1 + 0.7 + 0 - 0.5 + 1.2 + 1) / 6)
-    assert (m["reward_errors"], m["reward_timeouts"]) == (0.0, 0.0)
+    assert m.reward_terms["integer_match"] == pytest.approx(4 / 6)
+    assert m.reward_terms["trl_level_hit"] == pytest.approx(2 / 6)  # the None counts 0.0
+    assert m.reward_terms["format"] == pytest.approx(2 / 6)
+    assert m.reward == pytest.approx((1 + 0.7 + 0 - 0.5 + 1.2 + 1) / 6)
+    assert (m.reward_errors, m.reward_timeouts) == (0, 0)
+    assert flatten(m)["reward/format"] == pytest.approx(2 / 6)  # logged as reward/<term>
     assert reward.correct(PROBLEM, ["46", "x"]) == [True, False]  # the first term decides
 
 
@@ -163,7 +165,7 @@ def test_a_single_name_logs_no_per_term_metrics_and_keeps_the_guard():
     reward = build_reward("integer_match", timeout_s=2.0, errors="skip")
     assert reward.names == ["integer_match"] and not reward.log_terms
     _, m = score_groups("p", [PROBLEM], [[_rollout(PROBLEM, 0, "46")]], reward)
-    assert not any(k.startswith("reward/") for k in m) and m["reward"] == 1.0
+    assert m.reward_terms == {} and not any(k.startswith("reward/") for k in flatten(m)) and m.reward == 1.0
     assert reward(" 46", "46") == 1.0
 
 
@@ -171,8 +173,8 @@ def test_skip_mode_counts_completions_over_terms():
     _register("trl_raises", raises)
     reward = build_reward([RewardTerm("integer_match"), RewardTerm("trl_raises", weight=2.0)], errors="skip")
     groups, m = score_groups("p", [PROBLEM], [[_rollout(PROBLEM, 0, t) for t in ["46", "1"]]], reward)
-    assert groups[0].rewards.tolist() == [1.0, 0.0] and m["reward/trl_raises"] == 0.0
-    assert (m["reward_errors"], m["reward_timeouts"]) == (2.0, 0.0) and reward.counts.errors == 2
+    assert groups[0].rewards.tolist() == [1.0, 0.0] and m.reward_terms["trl_raises"] == 0.0
+    assert (m.reward_errors, m.reward_timeouts) == (2, 0) and reward.counts.errors == 2
 
 
 def test_plain_trl_function_is_guarded_with_the_defaults():

@@ -88,8 +88,8 @@ def test_probe_baseline_and_gap_check():
     assert base.sigma == pytest.approx((0.1 / 3) ** 0.5)  # root mean square of the differences
     moved, synced = _rows(-2.0, -3.0, -1.5), _rows(-2.1, -3.0, -1.2)  # both moved by -1 per token
     m = base.check(moved, synced, 1e-3, policy="p")
-    assert m["probe_gap_mean"] == pytest.approx(0.4 / 3) and m["probe_moved_mean"] == pytest.approx(1.0)
-    assert m["probe_followed"] == pytest.approx(1.0) and m["probe_change_rms"] == pytest.approx(1.0)
+    assert m.probe_gap_mean == pytest.approx(0.4 / 3) and m.probe_moved_mean == pytest.approx(1.0)
+    assert m.probe_followed == pytest.approx(1.0) and m.probe_change_rms == pytest.approx(1.0)
     stale = _rows(-1.1, -2.0, -0.2)
     base2 = S.ProbeBaseline.record(trainer, engine, limit=5.0)
     with pytest.raises(S.WeightSyncError, match="not sampling from the trained weights"):  # gaps 0.9, 1.0, 1.3
@@ -122,12 +122,12 @@ def test_probe_followed_check():
         base.check(moved, wrong, 2.0, policy="p")
     nudged = _rows(-1.2, -2.2, -0.7)  # 0.2 per token, below 0.365: not checked, and the reference stays put ...
     m = base.check(nudged, engine, 2.0, policy="p")
-    assert m["probe_followed"] != m["probe_followed"] and m["probe_change_rms"] == pytest.approx(0.2)
+    assert m.probe_followed != m.probe_followed and m.probe_change_rms == pytest.approx(0.2)
     with pytest.raises(S.WeightSyncError, match="moved 0% as far"):  # ... so a stale engine is caught once the
         base.check(_rows(-1.4, -2.4, -0.9), engine, 2.0, policy="p")  # changes add up to 0.4 per token
     synced = _rows(-1.5, -2.4, -0.6)  # the engine followed the 0.4 (measured from creation)
     m = base.check(_rows(-1.4, -2.4, -0.9), synced, 2.0)
-    assert m["probe_followed"] == pytest.approx(1.0) and m["probe_aligned"] == pytest.approx(1.0)
+    assert m.probe_followed == pytest.approx(1.0) and m.probe_aligned == pytest.approx(1.0)
 
 
 def test_prompt_logprobs_tail():

@@ -98,10 +98,11 @@ def test_sync_passes_the_probe_and_stale_weights_are_caught(engine, policy):
         engine.probe(policy)  # stale: the engine still holds the weights before the update (the gap check)
     m = engine.sync_weights(policy)
     margin = engine.margin(policy)
-    assert margin == 1e-4 and m["sync_s"] > 0
-    assert m["probe_gap_mean"] <= m["probe_baseline_mean"] + margin and m["probe_gap_max"] <= 1e-5
-    assert m["probe_moved_mean"] > 100 * margin  # a stale engine would have been caught by this probe
-    assert abs(m["probe_followed"] - 1) < 1e-3 and m["probe_aligned"] > 0.999  # the engine moved as the trainer
+    assert margin == 1e-4 and m.sync_s > 0
+    m = m.probe
+    assert m.probe_gap_mean <= m.probe_baseline_mean + margin and m.probe_gap_max <= 1e-5
+    assert m.probe_moved_mean > 100 * margin  # a stale engine would have been caught by this probe
+    assert abs(m.probe_followed - 1) < 1e-3 and m.probe_aligned > 0.999  # the engine moved as the trainer
     assert engine.llms[policy.name].version == policy.version
     torch.manual_seed(1)
     assert _trainer_gap(policy, engine.generate(policy, PROBLEMS, SAMPLING, step=1), SAMPLING.temperature) <= 1e-5
@@ -207,7 +208,7 @@ def test_an_engine_closed_or_dropped_while_another_lives():
 
     def still_works(step: int) -> None:
         _perturb(b, seed=step)
-        assert second.sync_weights(b)["probe_gap_mean"] <= 1e-4
+        assert second.sync_weights(b).probe.probe_gap_mean <= 1e-4
         groups = second.generate(b, PROBLEMS, SAMPLING, step=step)
         assert _trainer_gap(b, groups, SAMPLING.temperature) <= 1e-5
 

@@ -11,6 +11,7 @@ import torch
 
 import mutual_rl.step.dynamic as dyn
 from mutual_rl.rewards import RewardError
+from mutual_rl.stats import ScoringStats, flatten
 from mutual_rl.types import Problem, PromptBatch, ScoredGroup
 
 POOL = [Problem(i, f"{i}+0=", str(i)) for i in range(40)]
@@ -20,6 +21,7 @@ DM = SimpleNamespace(train_problems=lambda: POOL, seed=7)
 @dataclass
 class _R:
     response_ids: list
+    finish_reason: str = "eos"
 
 
 class _Fake:
@@ -38,7 +40,8 @@ class _Fake:
         groups = [ScoredGroup("p", p.prompt_id, i, tuple(rs),
                               torch.tensor([1.0, 0.0] if p.prompt_id in self.mixed else [0.0, 0.0]), torch.zeros(2))
                   for i, (p, rs) in enumerate(zip(problems, per_prompt))]
-        return groups, {"reward": 0.5, "reward_errors": 1.0, "reward_timeouts": 0.0}
+        return groups, ScoringStats(reward=0.5, pass_rate=0.5, all_fail_frac=0.0, all_pass_frac=0.0, mixed_frac=1.0,
+                                    reward_errors=1, reward_timeouts=0)
 
 
 def _run(fake, batch, max_rounds=3, lockstep=False):
@@ -49,7 +52,8 @@ def _run(fake, batch, max_rounds=3, lockstep=False):
 def test_rounds_cut_and_metrics():
     batch = PromptBatch(2, POOL[:4], offset=8)
     fake = _Fake(mixed={0} | set(range(4, 40)))
-    groups, m = _run(fake, batch)
+    s = _run(fake, batch)
+    groups, m = s.groups, {**flatten(s.rollout), **flatten(s.scoring), **flatten(s.dynamic_sampling, "dynamic_sampling/")}
     extra = dyn.extra_prompts(POOL, 4, seed=7, step=2, round=1, exclude={0, 1, 2, 3})
     assert fake.calls == [([0, 1, 2, 3], 8), ([p.prompt_id for p in extra], dyn.extra_group_id_base(2, 0, 1, 1, 3, 4))]
     assert [g.prompt_id for g in groups] == [0] + [p.prompt_id for p in extra[:3]]
@@ -74,17 +78,17 @@ def test_lockstep_full_rank_takes_part_while_another_still_samples(monkeypatch):
 
     monkeypatch.setattr(dyn, "max_over_ranks", fake_max)
     fake = _Fake(mixed=set(range(40)))  # this rank is full at once
-    groups, m = _run(fake, PromptBatch(0, POOL[:4], offset=0), lockstep=True)
+    s = _run(fake, PromptBatch(0, POOL[:4], offset=0), lockstep=True)
     assert seen == [[0, 0]] * 3
     assert fake.calls == [([0, 1, 2, 3], 0), ([], 0), ([], 0)]  # two empty generates: the engine's dummies
-    assert len(groups) == 4 and m["dynamic_sampling/rounds"] == 0.0
+    assert len(s.groups) == 4 and s.dynamic_sampling.rounds == 0
 
 
 def test_lockstep_error_on_any_rank_ends_the_rounds_everywhere(monkeypatch):
     monkeypatch.setattr(dyn, "max_over_ranks", lambda values: [1, 1])  # another rank failed
     fake = _Fake()
-    groups, m = _run(fake, PromptBatch(0, POOL[:4], offset=0), lockstep=True)
-    assert len(fake.calls) == 1 and m["dynamic_sampling/limit_hit"] == 1.0  # returns; the module stops together
+    s = _run(fake, PromptBatch(0, POOL[:4], offset=0), lockstep=True)
+    assert len(fake.calls) == 1 and s.dynamic_sampling.limit_hit == 1  # returns; the module stops together
     monkeypatch.setattr(dyn, "max_over_ranks", lambda values: list(values))  # one rank alone
     fake = _Fake(fail_on_call=2)  # this rank fails in its first extra round: the next agreement ends it
     with pytest.raises(RewardError):

@@ -16,6 +16,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from mutual_rl.callbacks import ResourceAllocation
+from mutual_rl.interfaces import RolloutEngine
 from mutual_rl.module import MutualRLModule
 from mutual_rl.rewards import register_reward
 from mutual_rl.rewards.base import available_rewards
@@ -34,7 +35,7 @@ if "test_ds_by_prompt" not in available_rewards():
         return [1.0] + [0.0] * (n - 1) if prompts[0] in MIXED["texts"] else [0.0] * n
 
 
-class _Spy:
+class _Spy(RolloutEngine):
     """The HF engine, recording every generate call: (problems, group_id_base, response tokens)."""
 
     def __init__(self, engine):

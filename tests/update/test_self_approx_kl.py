@@ -28,7 +28,7 @@ def batch(is_peer, extras=None):
 def run(name, sub, **kw):
     _, m = get_objective(name)(LOGP[: len(sub)].clone(), sub, **GRPOConfig().loss_kwargs(), token_count=None,
                                num_seqs=None, max_len=2, **kw)
-    return {k: float(v) for k, v in m.items()}
+    return m.metrics()  # the logged names: approx_kl (all rows), self/approx_kl, peer/approx_kl
 
 
 def k3(rows):

@@ -75,7 +75,7 @@ def test_hacpo_peer_rows_get_gradient_at_step_50(schedule, live):
         # "update": L_m = 0.8 + 0.025 m with m the update within the step (< 0.905): the clip passes gradient;
         # "step": L_m = min(1, 0.8 + 0.025 * 50) = 1, clip(s, 1, 1) == 1 has none
         assert (peer_grad > 0) == live, (update_index, peer_grad)
-        assert float(m["L_m"]) == pytest.approx(0.8 + 0.025 * update_index if live else 1.0)
+        assert float(m.rows.L_m) == pytest.approx(0.8 + 0.025 * update_index if live else 1.0)
 
 
 _CALLS: list[int] = []
@@ -167,8 +167,8 @@ def test_non_finite_loss_refuses_the_step(policy, on_nonfinite):
             _run(policy, plan, cfg)
         return
     out, n = _run(policy, plan, cfg)
-    assert n == 1 and out["nonfinite_skipped"] == 1.0  # mini-batch 1 stepped, mini-batch 2 was refused
-    assert math.isfinite(out["loss"]) and math.isfinite(out["grad_norm"])
+    assert n == 1 and out.nonfinite_skipped == 1.0  # mini-batch 1 stepped, mini-batch 2 was refused
+    assert math.isfinite(out.loss) and math.isfinite(out.grad_norm)
 
 
 def test_far_too_high_learning_rate_stops_with_a_named_error(tmp_path):
@@ -209,7 +209,7 @@ def test_non_finite_advantage_in_skip_mode_trains_nothing_and_counts(policy):
     plan = _plan_of(policy)
     plan.batch.advantages[0] = float("inf")
     out, n = _run(policy, plan, GRPOConfig(old_logp="rollout", on_nonfinite="skip"))
-    assert n == 0 and out["nonfinite_skipped"] == 2.0 and out["trained_tokens"] == 0.0
+    assert n == 0 and out.nonfinite_skipped == 2.0 and out.trained_tokens == 0.0
 
 
 def test_objectives_without_update_index_keep_working(policy):
@@ -227,4 +227,4 @@ def test_objectives_without_update_index_keep_working(policy):
     plan = _plan_of(policy)
     plan.objective = name
     out, n = _run(policy, plan, GRPOConfig(old_logp="rollout"))
-    assert n == 2 and out["trained_tokens"] > 0
+    assert n == 2 and out.trained_tokens > 0

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from mutual_rl.stats import Usage
+
 
 @dataclass
 class PolicyUsage:
@@ -47,38 +49,10 @@ class Accounting:
         self.totals = {name: PolicyUsage(**u) for name, u in state.items()}
 
 
-def step_usage(
-    metrics: dict[str, float], name: str, *, num_prompts: int, n: int, updated: bool, devices: int, ranks: int = 1,
-) -> PolicyUsage:
-    """One step's usage of policy ``name`` from the module's logged metrics (``<name>/<key>``).
-
-    Reads ``generated_tokens`` (response tokens sampled this step, every rollout included, such as DAPO dynamic
-    sampling's extra rounds; without it: ``response_length`` x ``n`` x ``num_prompts``), ``gen_s`` (or
-    ``gen_tokens_per_s``), ``trained_tokens`` and ``train_s`` (or ``train_tokens_per_s``). Seconds derived from a
-    throughput are exact inversions of how the module computes it; a missing metric counts 0. ``num_prompts``: all
-    ranks' prompts; ``ranks``: the number of processes whose per-rank means ``generated_tokens`` and
-    ``trained_tokens`` the metrics hold (total = mean x ranks).
-    """
-    def get(key: str) -> float:
-        v = metrics.get(f"{name}/{key}")
-        return float(v) if v is not None else 0.0
-
-    if f"{name}/generated_tokens" in metrics:
-        generated = get("generated_tokens") * ranks
-    else:
-        generated = get("response_length") * n * num_prompts
-    gen_s = get("gen_s") if f"{name}/gen_s" in metrics else _seconds(generated, get("gen_tokens_per_s"))
-    trained = get("trained_tokens") * ranks if updated else 0.0
-    if not updated:
-        train_s = 0.0
-    elif f"{name}/train_s" in metrics:
-        train_s = get("train_s")
-    else:
-        train_s = _seconds(trained, get("train_tokens_per_s"))
-    wall = gen_s + train_s
-    return PolicyUsage(generated_tokens=generated, trained_tokens=trained, wall_s=wall, device_s=wall * devices,
-                       steps=1, updates=int(updated))
-
-
-def _seconds(tokens: float, per_s: float) -> float:
-    return tokens / per_s if per_s > 0 else 0.0
+def step_usage(usage: Usage, *, devices: int, ranks: int = 1) -> PolicyUsage:
+    """One step's usage of a policy from its step report's :class:`~mutual_rl.stats.Usage` (its sampling and update,
+    reduced over ranks: per-rank means). ``ranks``: the number of processes, each of which sampled and trained its
+    own prompts, so the totals are the means times the ranks; ``devices``: the devices that served the policy."""
+    wall = usage.gen_s + usage.train_s
+    return PolicyUsage(generated_tokens=usage.generated_tokens * ranks, trained_tokens=usage.trained_tokens * ranks,
+                       wall_s=wall, device_s=wall * devices, steps=1, updates=int(usage.updated))

@@ -7,13 +7,12 @@ Hooks:
   below ``N * n_min``) before any step runs.
 * ``on_train_batch_start``: plans this step with :func:`mutual_rl.allocation.plan_budgets` and sets
   ``pl_module.budgets = {name: Budget(n, max_new_tokens, update, placement)}``.
-* ``on_train_batch_end``: reads the step's per-policy metrics the module logged (``<name>/all_fail_frac``,
-  ``<name>/generated_tokens`` -- every response token sampled, DAPO dynamic sampling's extra rounds included --
-  or ``<name>/response_length``, ``<name>/gen_tokens_per_s`` or ``gen_s``, ``<name>/trained_tokens``,
-  ``<name>/train_tokens_per_s`` or ``train_s``) from ``trainer.callback_metrics``, updates the all-fail EMA
-  used by the adaptive plan and the accounting totals, and logs ``alloc/<name>/n``, ``alloc/<name>/update`` and
-  ``alloc/<name>/<field>_total``. With several processes the totals are over all ranks (each rank trains its own
-  prompts; the module logs per-rank means).
+* ``on_train_batch_end``: reads the step's typed report (``pl_module.last_report``, a
+  :class:`~mutual_rl.step.report.StepReport` reduced over ranks): each policy's all-fail fraction and its usage --
+  response tokens sampled (DAPO dynamic sampling's extra rounds included) and their seconds, response tokens trained
+  and their seconds --, updates the all-fail EMA used by the adaptive plan and the accounting totals, and logs
+  ``alloc/<name>/n``, ``alloc/<name>/update`` and ``alloc/<name>/<field>_total``. With several processes the totals
+  are over all ranks (each rank trains its own prompts; the report holds per-rank means).
 * ``state_dict`` / ``load_state_dict``: the accounting totals, the all-fail EMA and the step count, so a resumed
   run plans and counts exactly as an uninterrupted one would (docs/design.md, rule 11).
 
@@ -125,22 +124,19 @@ class ResourceAllocation(Callback):
 
     # ---------------------------------------------------------------------------------------- accounting
     def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
-        if not self.current:
+        report = getattr(pl_module, "last_report", None)
+        if not self.current or report is None:
             return
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if _scalar(v)}
         num_prompts = len(getattr(batch, "problems", ()) or ())
         log: dict[str, float] = {}
         world = max(int(getattr(trainer, "world_size", 1) or 1), 1)
         for name, b in self.current.items():
+            policy = report.policies[name]
             devices = world if b.placement == COLOCATE else 1
-            # the logged metrics are per-rank means and every rank generates and trains on its own prompts:
-            # tokens are per rank times the ranks
-            usage = step_usage(metrics, name, num_prompts=num_prompts * world, n=b.n, updated=b.update,
-                               devices=devices, ranks=world)
-            self.accounting.add(name, usage)
-            fail = metrics.get(f"{name}/all_fail_frac")
-            if fail is not None:
-                self.all_fail_ema[name] = update_ema(self.all_fail_ema.get(name), fail, self.ema_decay)
+            # the report holds per-rank means and every rank generates and trains on its own prompts
+            self.accounting.add(name, step_usage(policy.usage(), devices=devices, ranks=world))
+            self.all_fail_ema[name] = update_ema(self.all_fail_ema.get(name), policy.scoring.all_fail_frac,
+                                                 self.ema_decay)
             log[f"alloc/{name}/n"] = float(b.n)
             log[f"alloc/{name}/update"] = float(b.update)
         self.steps += 1

@@ -46,7 +46,7 @@ from mutual_rl.evaluation.metrics import (
 from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.rewards.combined import as_reward
 from mutual_rl.rewards.integer import boxed_format
-from mutual_rl.update.lockstep import reduction_device
+from mutual_rl.update.lockstep import gather_from_ranks, reduction_device
 
 
 @dataclass
@@ -175,6 +175,16 @@ class Evaluator:
         self._complementarity = self._reduce_complementarity(sorted(skills))
         return out
 
+    def logged_metrics(self) -> dict[str, float]:
+        """Finish the evaluation: ``<policy>/val/<metric>``, complementarity (NaN-free) and ``val_pass@1`` (the mean
+        pass@1 over the policies)."""
+        results = self.finish()
+        flat = {f"{p}/val/{k}": v for p, ms in results.items() for k, v in ms.items()}
+        flat.update({k: v for k, v in self.complementarity().items() if v == v})
+        if results:
+            flat["val_pass@1"] = sum(ms["pass@1"] for ms in results.values()) / len(results)
+        return flat
+
     def complementarity(self) -> dict[str, float]:
         """Flat ``complementarity/<A>-><B>`` (+ ``/all_fail``, ``/solved``, ``/mixed_frac``, ``/all_pass_frac``)
         of the last ``finish()``; empty for fewer than two policies."""
@@ -220,13 +230,8 @@ def _default_device() -> torch.device:
 
 def _union(local: dict[str, list[str]]) -> dict[str, list[str]]:
     """Union over ranks of ``{policy: skills}`` (identity without a process group)."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return local
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, local)
     merged: dict[str, set[str]] = defaultdict(set)
-    for part in gathered:
+    for part in gather_from_ranks(local):
         for name, skills in part.items():
             merged[name].update(skills)
     return {name: sorted(s) for name, s in merged.items()}

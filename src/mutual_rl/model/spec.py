@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mutual_rl.assets import PKG_PREFIX
-from mutual_rl.regimes.base import Regime
+from mutual_rl.interfaces import Regime
 
 PRESET_PREFIX = "tiny:"
 """How an embedded preset's name starts (``tiny:gpt2-bpe``)."""

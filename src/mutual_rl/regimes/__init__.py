@@ -48,6 +48,17 @@ def regime_name(regime: Regime) -> str:
     return type(regime).__name__
 
 
+def require_a_peer(spec, regime: Regime) -> None:
+    """A single policy trained with a sharing regime (one that reads peers' records) and no replayed peer has
+    nothing to learn from: one error naming the regime and the fixes."""
+    if regime.subscribes:
+        where = "model.policies[0].regime" if spec.regime else "model.regime"
+        raise ValueError(
+            f"{where} is {regime_name(regime)!r}, a sharing regime, but model.policies has the single policy "
+            f"{spec.name!r}: it has no peer to learn from. Add a second policy, replay a recorded peer "
+            f"(ExperienceExchange replay_dir/replay_policies), or set {where}: none.")
+
+
 def available_regimes() -> list[str]:
     """Sorted names of the registered regimes."""
     return sorted(_REGIMES)
@@ -56,5 +67,5 @@ def available_regimes() -> list[str]:
 __all__ = [
     "FTIS", "GRAFT", "HACPO", "PRP", "SGT", "XGRPO", "NoSharing",
     "NLLTerm", "Regime", "TrainingPlan", "as_regime", "available_regimes", "get_regime", "own_batch",
-    "regime_name", "register_regime", "split_rows",
+    "regime_name", "register_regime", "require_a_peer", "split_rows",
 ]

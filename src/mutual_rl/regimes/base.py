@@ -12,34 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mutual_rl.interfaces import Regime
 from mutual_rl.types import PolicyBatch, ScoredGroup, TrainingPlan, collate
-
-
-class Regime:
-    """Base class: ``plan`` builds a receiver's training plan for one step.
-
-    ``subscribes`` names the record kinds the regime reads from peers (``rollout``, ``reward``, ``advantage``;
-    ``trace`` records are made on the receiver side by the THL, never subscribed to); ``()`` means it reads
-    nothing. A regime may keep state across steps (e.g. HACPO's capability
-    window): it then implements ``state_dict`` / ``load_state_dict`` so a resumed run continues exactly.
-    """
-
-    subscribes: tuple[str, ...] = ()
-    #: a response with reward above this counts as a success; the module sets it from
-    #: ``algorithm.success_threshold`` (its one source) on every receiver's regime
-    success_threshold: float = 0.0
-
-    def plan(
-        self, receiver, own: Sequence[ScoredGroup], peers: Mapping[str, Sequence[ScoredGroup]], num_mini_batches: int
-    ) -> TrainingPlan:
-        raise NotImplementedError
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
 
 _REGIMES: dict[str, Callable[..., Regime]] = {}
 

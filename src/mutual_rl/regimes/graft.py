@@ -37,12 +37,8 @@ As implemented, for a receiver ``R`` and each source ``S`` (success = ``reward >
    ``R``'s prompt order), split with ``split_rows`` into ``num_mini_batches`` — the number and size of the
    mini-batches do not change with grafting when the source's group size equals the receiver's (a grafted group
    brings the source's rows, fewer when some fall below the floor; with different ``sampling.n`` the mini-batches
-   follow the row count), and the mini-batches that hold grafted rows run last. ``extra``
-   *(the earlier rule, kept to compare)*: the own rows alone are split into ``num_mini_batches`` and the grafted
-   rows follow in *additional* mini-batches of the size plain GRPO would use (``ceil(n_own / num_mini_batches)``),
-   so a step that grafts takes more optimizer steps (AdamW normalises the step size: one lone grafted row moves
-   the weights as much as a full mini-batch). ``none`` (ablation, no peer-last order): grafted groups stay where
-   the replaced group was, then ``split_rows`` as ``in_batch``.
+   follow the row count), and the mini-batches that hold grafted rows run last. ``none`` (ablation, no peer-last
+   order): grafted groups stay where the replaced group was, then ``split_rows`` as ``in_batch``.
 7. **Identity.** Groups are keyed by ``(prompt_id, group_id)`` (``regimes.base.pair_peer_groups``), never by the
    prompt id alone: a prompt that occurs twice in one step is two receiver groups, each a candidate of its own
    with the peers' group of the same slot.
@@ -59,15 +55,15 @@ Metrics (``TrainingPlan.metrics``): per source ``candidates/<S>`` = ``|C_{S→R}
 ``|C_{R→S}|``, ``selected/<S>`` (after balancing), ``rescued/<S>`` (``R``'s failed prompts replaced by ``S``'s
 group), ``transferred_responses/<S>`` (admitted); overall ``transferred_groups``, ``transferred_responses``,
 ``admitted_frac`` (admitted / evaluated responses), ``compat_s_mean|min|max`` (when any response was evaluated),
-``hist/compat_s``: a 1-D tensor of every evaluated ``s`` (possibly empty), which the module logs as a TensorBoard
-histogram; and the gate split by the peer response's reward (does it admit mostly the peer's failures?):
+and (``TrainingPlan.histograms``) ``compat_s``: a 1-D tensor of every evaluated ``s`` (possibly empty), logged as a
+TensorBoard histogram ``<receiver>/compat_s``; and the gate split by the peer response's reward (does it admit mostly the peer's failures?):
 ``evaluated_success|failure``, ``admitted_success|failure`` (counts) and ``admitted_frac_success|failure``
 (admitted / evaluated among the evaluated successes / failures; absent on a step that evaluated none of that
 kind, so the log shows a gap).
 
 Constructor arguments (``init_args`` of ``model.regime`` in a config): ``delta`` (δ, 0.8), ``balance`` (True;
 False in stored-peer mode), ``policy_order`` (None), ``logp_batch_size`` (rows per receiver forward pass of the
-compatibility evaluation, 16; 0 = all at once), ``peer_last`` (``in_batch`` | ``extra`` | ``none``),
+compatibility evaluation, 16; 0 = all at once), ``peer_last`` (``in_batch`` | ``none``),
 ``compatibility`` (``weighted`` | ``off``), ``transfer`` (``group`` | ``successes``); the ablation configs are
 ``configs/graft_no_peer_last.yaml``, ``graft_no_compat.yaml`` and ``graft_successes.yaml``.
 """
@@ -75,7 +71,6 @@ compatibility evaluation, 16; 0 = all at once), ``peer_last`` (``in_batch`` | ``
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Literal
 
@@ -85,7 +80,7 @@ from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_logp, receiver_prompt_ids
 from mutual_rl.types import ScoredGroup, TrainingPlan, collate
 
-PEER_LAST = ("in_batch", "extra", "none")
+PEER_LAST = ("in_batch", "none")
 COMPATIBILITY = ("weighted", "off")
 TRANSFER = ("group", "successes")
 
@@ -147,9 +142,8 @@ class GRAFT(Regime):
         policy_order: tie-break order of sources for N > 2 (default: order of the delivered peers).
         logp_batch_size: rows per receiver forward pass when evaluating compatibility (0 = all at once).
         peer_last: in_batch (the paper: grafted groups replace the receiver's inside the batch and the
-            mini-batches holding them run last; number and size of mini-batches unchanged) | extra (grafted rows
-            in additional mini-batches after the own ones: more optimizer steps) | none (grafted groups stay in
-            the receiver's prompt order; ablation).
+            mini-batches holding them run last; number and size of mini-batches unchanged) | none (grafted groups
+            stay in the receiver's prompt order; ablation).
         compatibility: weighted (the paper: w = 1[s > delta] * min(s, 1)) | off (ablation: every grafted
             response gets w = 1 and none is dropped by the floor; s is still computed and logged).
         transfer: group (the paper: the source group whole, successes and failures) | successes (ablation: only
@@ -159,7 +153,7 @@ class GRAFT(Regime):
     subscribes = ("rollout", "reward", "advantage")
 
     def __init__(self, delta: float = 0.8, balance: bool = True, policy_order: list[str] | None = None,
-                 logp_batch_size: int = 16, peer_last: Literal["in_batch", "extra", "none"] = "in_batch",
+                 logp_batch_size: int = 16, peer_last: Literal["in_batch", "none"] = "in_batch",
                  compatibility: Literal["weighted", "off"] = "weighted",
                  transfer: Literal["group", "successes"] = "group"):
         for name, value, choices in (("peer_last", peer_last, PEER_LAST),
@@ -216,8 +210,8 @@ class GRAFT(Regime):
             metrics["compat_s_mean"] = float(s_all.mean())
             metrics["compat_s_min"] = float(s_all.min())
             metrics["compat_s_max"] = float(s_all.max())
-        metrics["hist/compat_s"] = s_all
-        return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, objective="dapo", crossed=crossed)
+        return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, objective="dapo", crossed=crossed,
+                            histograms={"compat_s": s_all})
 
     def _select(self, own_by, peer_by, order, metrics):
         """Steps 1-3: candidates per source, balancing, and one source per receiver group (N > 2)."""
@@ -333,12 +327,4 @@ class GRAFT(Regime):
             weights=[w for _, _, w, _ in rows], is_peer=[p for _, _, _, p in rows],
             needs_old_logp=[False] * len(rows),
         )
-        if self.peer_last != "extra":  # the paper: same number and size of mini-batches, grafted ones last
-            return batch, split_rows(len(rows), num_mini_batches)
-        n_own, n_peer = len(own_rows), len(peer_rows)
-        mini_batches = split_rows(n_own, num_mini_batches) if n_own else []
-        if n_peer:
-            n_total_own = sum(len(g.rollouts) for g in own)
-            size = max(1, math.ceil(n_total_own / max(num_mini_batches, 1)))
-            mini_batches += [[n_own + i for i in mb] for mb in split_rows(n_peer, math.ceil(n_peer / size))]
-        return batch, mini_batches
+        return batch, split_rows(len(rows), num_mini_batches)  # the paper: same mini-batches, grafted ones last

@@ -31,7 +31,8 @@ HACPO is a baseline (GRAFT's comparison). As implemented, for receiver ``R``:
   with 4 mini-batches ``L_m`` runs 0.8, 0.825, 0.85, 0.875 in every step and never reaches 1; ``step`` — the
   number of plans this regime has built for ``R`` before the current one (kept in state), constant within a
   step: ``L_m = 1`` from step 8 on with the defaults, and then ``clip(s, 1, 1) ≡ 1`` gives the peer term no
-  gradient for the rest of the run (kept to compare).
+  gradient for the rest of the run (an ablation: a literal reading of the paper's iteration index, which stops the
+  transfer; docs/methods.md).
 - Mini-batches: the rows (pooled groups in ``R``'s prompt order, own rows first in each) split with
   ``split_rows`` into ``num_mini_batches``.
 

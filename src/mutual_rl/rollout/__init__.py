@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from mutual_rl.rollout.base import RolloutEngine
+from mutual_rl.interfaces import RolloutEngine
 from mutual_rl.rollout.hf import HFRolloutEngine
 from mutual_rl.rollout.vllm import VLLMRolloutEngine
 

@@ -39,9 +39,9 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from mutual_rl.interfaces import RolloutEngine
 from mutual_rl.model.lm_head import base_model
 from mutual_rl.model.spec import SamplingSpec
-from mutual_rl.rollout.base import RolloutEngine
 from mutual_rl.rollout.decode_attention import decode_attention
 from mutual_rl.strategies import generation_params
 from mutual_rl.thl.offsets import offsets_by_decoding

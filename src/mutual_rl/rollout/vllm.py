@@ -52,8 +52,9 @@ from dataclasses import dataclass
 
 import torch
 
+from mutual_rl.distributed import call_together
+from mutual_rl.interfaces import RolloutEngine
 from mutual_rl.model.spec import SamplingSpec
-from mutual_rl.rollout.base import RolloutEngine
 from mutual_rl.rollout.vllm_process import (
     CPU_INSTALL_HINT,
     INSTALL_HINT,
@@ -77,6 +78,7 @@ from mutual_rl.rollout.vllm_sync import (
     trainer_compute_dtype,
     trainer_probe_logp,
 )
+from mutual_rl.stats import ProbeStats, SyncStats
 from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Problem, Rollout
 
@@ -300,7 +302,7 @@ class VLLMRolloutEngine(RolloutEngine):
             held.baseline = ProbeBaseline.record(trainer_probe_logp(policy, pairs), self._engine_logp(llm, pairs),
                                                  policy=policy.name, limit=baseline_limit(half))
 
-        _together(load_and_record, f"loading policy {policy.name!r} into its new vLLM engine")
+        call_together(load_and_record, f"loading policy {policy.name!r} into its new vLLM engine")
         return held
 
     def _wake(self, held: _Held) -> None:
@@ -320,7 +322,7 @@ class VLLMRolloutEngine(RolloutEngine):
         vllm = import_vllm()
         held = self.ensure(policy)
         if held.version != policy.version:  # e.g. restored from a checkpoint, or updated without a sync call
-            _together(lambda: self._sync(policy, held), f"the vLLM weight sync of policy {policy.name!r}")
+            call_together(lambda: self._sync(policy, held), f"the vLLM weight sync of policy {policy.name!r}")
         prompts = [policy.render_prompt(p.problem) for p in problems]
         prompt_ids = [policy.encode_prompt(t) for t in prompts]
         params = vllm.SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
@@ -331,29 +333,30 @@ class VLLMRolloutEngine(RolloutEngine):
         return build_rollouts(policy, problems, prompts, prompt_ids, outputs, step=step, group_id_base=group_id_base)
 
     @outside_autocast()
-    def sync_weights(self, policy) -> dict[str, float]:
-        """Push the policy's current weights into its engine and verify them; returns ``sync_s`` and the probe's
-        metrics. Under several processes an error on any rank (a failed probe or load) raises on every rank."""
+    def sync_weights(self, policy) -> SyncStats | None:
+        """Push the policy's current weights into its engine and verify them; returns the seconds it took and the
+        probe's statistics (``None`` before the engine is built). Under several processes an error on any rank (a
+        failed probe or load) raises on every rank."""
         held = self.llms.get(policy.name)
         if held is None:  # not created yet: it will be built from the current weights on first use
-            return {}
+            return None
         self._wake(held)
         t0 = time.perf_counter()
-        metrics = _together(lambda: self._sync(policy, held), f"the vLLM weight sync of policy {policy.name!r}")
-        metrics["sync_s"] = time.perf_counter() - t0
+        probe = call_together(lambda: self._sync(policy, held), f"the vLLM weight sync of policy {policy.name!r}")
+        stats = SyncStats(sync_s=time.perf_counter() - t0, probe=probe)
         self._maybe_sleep(policy.name, held)
-        return metrics
+        return stats
 
-    def _sync(self, policy, held: _Held) -> dict[str, float]:
+    def _sync(self, policy, held: _Held) -> ProbeStats | None:
         push_weights(held.llm, hf_weights(policy))
         held.version = policy.version
         self._syncs[policy.name] = self._syncs.get(policy.name, 0) + 1
         if self.probe_every and self._syncs[policy.name] % self.probe_every == 0:
             return self.probe(policy)
-        return {}
+        return None
 
     @outside_autocast()
-    def probe(self, policy) -> dict[str, float]:
+    def probe(self, policy) -> ProbeStats:
         """Compare the engine's probe log-probs with the trainer's, against the baseline recorded at creation."""
         held = self.llms[policy.name]
         pairs = probe_pairs(policy)
@@ -383,17 +386,3 @@ def close_all() -> None:
     """:meth:`VLLMRolloutEngine.close` on every engine of this process."""
     for engine in list(_OPEN):
         engine.close()
-
-
-def _together(fn, what: str):
-    """``fn()``; under several processes an exception on any rank raises on every rank (``raise_together``), so no
-    rank is left waiting in the next collective."""
-    from mutual_rl.distributed import raise_together
-
-    result, error = None, None
-    try:
-        result = fn()
-    except Exception as e:  # noqa: BLE001 - re-raised on this rank, reported to the others
-        error = e
-    raise_together(error, what)
-    return result

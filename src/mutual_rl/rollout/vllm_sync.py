@@ -50,6 +50,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mutual_rl.stats import ProbeStats
+
 #: (prompt text, response text) pairs of the weight-sync probe: short fixed text, no task's format or content (the
 #: prompt goes through the policy's ``encode_prompt``, so its chat template and BOS apply)
 PROBE_TEXTS = (
@@ -311,8 +313,8 @@ class ProbeBaseline:
         return cls(mean, top, sigma, t, t, e)
 
     def check(self, trainer: Sequence[torch.Tensor], engine: Sequence[torch.Tensor], margin: float, *,
-              policy: str = "?") -> dict[str, float]:
-        """Probe metrics after a sync; :class:`WeightSyncError` when the gap grew past the margin (NaN fails) or the
+              policy: str = "?") -> ProbeStats:
+        """Probe statistics after a sync; :class:`WeightSyncError` when the gap grew past the margin (NaN fails) or the
         engine did not follow the trainer's change since the last sync. Remembers this sync when it passes."""
         d = _gaps(trainer, engine)
         t, e = _flat(trainer), _flat(engine)
@@ -322,16 +324,16 @@ class ProbeBaseline:
         if change >= FOLLOW_SNR * self.sigma:
             followed = float(de.pow(2).mean().sqrt()) / change
             aligned = float((de * dt).sum() / (de.norm() * dt.norm()).clamp(min=1e-30))
-        out = {"probe_gap_mean": float(d.mean()), "probe_gap_max": float(d.max()), "probe_baseline_mean": self.mean,
-               "probe_moved_mean": float((t - self.trainer_logp).abs().mean()), "probe_followed": followed,
-               "probe_aligned": aligned, "probe_change_rms": change}
-        if not (out["probe_gap_mean"] <= self.mean + margin and out["probe_gap_max"] <= 2 * self.max + 4 * margin):
+        out = ProbeStats(probe_gap_mean=float(d.mean()), probe_gap_max=float(d.max()), probe_baseline_mean=self.mean,
+                         probe_moved_mean=float((t - self.trainer_logp).abs().mean()), probe_followed=followed,
+                         probe_aligned=aligned, probe_change_rms=change)
+        if not (out.probe_gap_mean <= self.mean + margin and out.probe_gap_max <= 2 * self.max + 4 * margin):
             raise WeightSyncError(
                 f"policy {policy!r}: after the weight sync vLLM's log-probs differ from the trainer's by mean "
-                f"{out['probe_gap_mean']:.3g} (max {out['probe_gap_max']:.3g}) nats per probe token, against "
+                f"{out.probe_gap_mean:.3g} (max {out.probe_gap_max:.3g}) nats per probe token, against "
                 f"{self.mean:.3g} ({self.max:.3g}) when the engine was built, beyond the margin {margin:g}: the "
                 f"engine is not sampling from the trained weights (the trainer's probe log-probs have moved "
-                f"{out['probe_moved_mean']:.3g} since then; TRL #5312 and verl #7495 are this bug class). Check the "
+                f"{out.probe_moved_mean:.3g} since then; TRL #5312 and verl #7495 are this bug class). Check the "
                 "weight names, the LoRA merge and the dtype, or raise model.rollout_engine.init_args.probe_margin "
                 "if the growth is numeric noise.")
         if followed == followed and not (followed >= FOLLOW_MIN and aligned >= FOLLOW_MIN):

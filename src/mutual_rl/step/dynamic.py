@@ -47,7 +47,7 @@ regimes; ``generated_tokens``, ``gen_s`` and ``gen_tokens_per_s`` cover every ro
 ``extra_prompts``, ``extra_rollouts`` (= ``n`` x ``extra_prompts``), ``kept_groups`` (mixed groups trained on),
 ``dropped_groups`` (zero-variance groups of every round), ``surplus_groups`` (mixed groups cut from the last
 round) and ``limit_hit``; ``kept + dropped + surplus = B x (1 + rounds)``. The MWRA accounting
-(``allocation.step_usage``) reads ``generated_tokens``, so its generated-token totals include the extra rollouts.
+(``allocation.step_usage``) reads the report's ``generated_tokens``, so its totals include the extra rollouts.
 Several processes: the values are per-rank means, like every per-policy metric.
 
 **Several processes.** Under FSDP every ``generate`` of a sharded policy is collective: before each extra round
@@ -61,9 +61,11 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from mutual_rl.distributed import rank_and_world
 from mutual_rl.rewards import RewardError
+from mutual_rl.stats import DynamicSamplingStats, RolloutStats, ScoringStats
 from mutual_rl.types import Problem, PromptBatch, Rollout, ScoredGroup
 from mutual_rl.update.lockstep import max_over_ranks
 
@@ -71,22 +73,32 @@ EXTRA_GROUP_IDS = 2**50
 """First group id of the extra rounds' groups (the stream's ids ``batch.offset + i`` stay below it)."""
 
 Generate = Callable[[Sequence[Problem], int], list[list[Rollout]]]  # (problems, group_id_base) -> per prompt
-Score = Callable[[Sequence[Problem], list[list[Rollout]]], tuple[list[ScoredGroup], dict[str, float]]]
-
-_SUMMED = ("generated_tokens", "gen_s", "reward_errors", "reward_timeouts")
+Score = Callable[[Sequence[Problem], list[list[Rollout]]], tuple[list[ScoredGroup], ScoringStats]]
 
 
-def sample_round(generate: Generate, score: Score, problems: Sequence[Problem],
-                 group_id_base: int) -> tuple[list[ScoredGroup], dict[str, float]]:
-    """One generate-and-score pass over ``problems``: the scored groups and their metrics, with ``gen_s``,
-    ``generated_tokens`` (response tokens sampled) and ``gen_tokens_per_s``."""
+@dataclass(frozen=True)
+class Sampled:
+    """One policy's scored groups of a step and how they were sampled and scored."""
+
+    groups: list[ScoredGroup]
+    rollout: RolloutStats
+    scoring: ScoringStats
+    dynamic_sampling: DynamicSamplingStats | None = None
+
+
+def sample_round(generate: Generate, score: Score, problems: Sequence[Problem], group_id_base: int) -> Sampled:
+    """One generate-and-score pass over ``problems``: the scored groups, the sampling's tokens and seconds, and the
+    scoring's outcomes."""
     t0 = time.perf_counter()
     per_prompt = generate(problems, group_id_base)
     gen_s = time.perf_counter() - t0
-    groups, m = score(problems, per_prompt)
-    tokens = float(sum(len(r.response_ids) for rs in per_prompt for r in rs))
-    m.update(generated_tokens=tokens, gen_s=gen_s, gen_tokens_per_s=tokens / max(gen_s, 1e-9))
-    return groups, m
+    groups, scoring = score(problems, per_prompt)
+    flat = [r for rs in per_prompt for r in rs]
+    rollout = RolloutStats(
+        generated_tokens=float(sum(len(r.response_ids) for r in flat)), gen_s=gen_s,
+        response_length=sum(len(r.response_ids) for r in flat) / max(len(flat), 1),
+        eos_frac=sum(r.finish_reason == "eos" for r in flat) / max(len(flat), 1))
+    return Sampled(groups, rollout, scoring)
 
 
 def has_variance(group: ScoredGroup) -> bool:
@@ -122,8 +134,8 @@ def training_pool(datamodule) -> tuple[Sequence[Problem], int]:
 
 
 def dynamic_sample(generate: Generate, score: Score, batch: PromptBatch, *, step: int, max_rounds: int,
-                   datamodule, lockstep: bool = False) -> tuple[list[ScoredGroup], dict[str, float]]:
-    """One policy's training groups of ``step`` under dynamic sampling, and its metrics (module docstring).
+                   datamodule, lockstep: bool = False) -> Sampled:
+    """One policy's training groups of ``step`` under dynamic sampling, and their statistics (module docstring).
 
     ``generate(problems, group_id_base)`` samples the policy's rollouts (one list per problem), ``score(problems,
     per_prompt)`` scores them (:func:`mutual_rl.update.scoring.score_groups`). ``lockstep``: the policy is
@@ -133,15 +145,16 @@ def dynamic_sample(generate: Generate, score: Score, batch: PromptBatch, *, step
     rank, world = rank_and_world()
     size = len(batch.problems)
     error: RewardError | None = None
-    first: list[ScoredGroup] = []
-    metrics: dict[str, float] = {}
+    first: Sampled | None = None
     try:
-        first, metrics = sample_round(generate, score, batch.problems, batch.offset)
+        first = sample_round(generate, score, batch.problems, batch.offset)
     except RewardError as e:  # raised below, after the other ranks learnt of it
         error = e
-    kept = [g for g in first if has_variance(g)]
+    kept = [g for g in first.groups if has_variance(g)] if first is not None else []
     counts = dict.fromkeys(("rounds", "extra_prompts", "extra_rollouts"), 0)
-    dropped = len(first) - len(kept)
+    dropped = len(first.groups) - len(kept) if first is not None else 0
+    tokens = gen_s = 0.0
+    errors = timeouts = 0
     used = {p.prompt_id for p in batch.problems}
     for r in range(1, max_rounds + 1):
         need = error is None and len(kept) < size
@@ -155,27 +168,29 @@ def dynamic_sample(generate: Generate, score: Score, batch: PromptBatch, *, step
         problems = extra_prompts(pool, size, seed=seed, step=step, round=r, rank=rank, exclude=used)
         used.update(p.prompt_id for p in problems)
         try:
-            groups, m = sample_round(generate, score, problems,
-                                     extra_group_id_base(step, rank, world, r, max_rounds, size))
+            extra = sample_round(generate, score, problems, extra_group_id_base(step, rank, world, r, max_rounds, size))
         except RewardError as e:
             error = e
             continue
         counts["rounds"] += 1
         counts["extra_prompts"] += len(problems)
-        counts["extra_rollouts"] += sum(len(g.rollouts) for g in groups)
-        fresh = [g for g in groups if has_variance(g)]
-        dropped += len(groups) - len(fresh)
+        counts["extra_rollouts"] += sum(len(g.rollouts) for g in extra.groups)
+        fresh = [g for g in extra.groups if has_variance(g)]
+        dropped += len(extra.groups) - len(fresh)
         kept += fresh
-        for key in _SUMMED:
-            metrics[key] = metrics.get(key, 0.0) + m.get(key, 0.0)
+        tokens += extra.rollout.generated_tokens
+        gen_s += extra.rollout.gen_s
+        errors += extra.scoring.reward_errors
+        timeouts += extra.scoring.reward_timeouts
     if error is not None:
         raise error
-    metrics["gen_tokens_per_s"] = metrics["generated_tokens"] / max(metrics["gen_s"], 1e-9)
-    train = kept[:size] if kept else first
-    counts.update(kept_groups=min(len(kept), size), dropped_groups=dropped, surplus_groups=max(len(kept) - size, 0),
-                  limit_hit=int(len(kept) < size))
-    metrics.update({f"dynamic_sampling/{k}": float(v) for k, v in counts.items()})
-    return train, metrics
+    rollout = replace(first.rollout, generated_tokens=first.rollout.generated_tokens + tokens,
+                      gen_s=first.rollout.gen_s + gen_s)
+    scoring = replace(first.scoring, reward_errors=first.scoring.reward_errors + errors,
+                      reward_timeouts=first.scoring.reward_timeouts + timeouts)
+    stats = DynamicSamplingStats(**counts, kept_groups=min(len(kept), size), dropped_groups=dropped,
+                                 surplus_groups=max(len(kept) - size, 0), limit_hit=int(len(kept) < size))
+    return Sampled(kept[:size] if kept else first.groups, rollout, scoring, stats)
 
 
 def check_dynamic_sampling(algorithm, specs: Sequence, regimes: Mapping[str, object]) -> None:

@@ -17,7 +17,14 @@ from typing import TypeVar
 
 import torch
 
-from mutual_rl.distributed import agree_max, agree_sum, collective_device, lockstep_needed, rank_and_world
+from mutual_rl.distributed import (
+    agree_max,
+    agree_sum,
+    collective_device,
+    gather_objects,
+    lockstep_needed,
+    rank_and_world,
+)
 
 T = TypeVar("T")
 
@@ -44,6 +51,11 @@ def sum_over_ranks(values: Sequence[float]) -> list[float]:
 def max_over_ranks(values: Sequence[int]) -> list[int]:
     """Element-wise maximum over every process (identity in one process); every rank must call it alike."""
     return agree_max(values)
+
+
+def gather_from_ranks(obj: T) -> list[T]:
+    """``[obj of rank 0, obj of rank 1, ...]`` (``[obj]`` in one process); every rank must call it alike."""
+    return gather_objects(obj)
 
 
 def world_size() -> int:

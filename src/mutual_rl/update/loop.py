@@ -18,21 +18,18 @@ e.g. HACPO's sequence-level objective); the NLL term of mini-batch ``i`` is adde
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 
 from mutual_rl.algorithms import masked_mean, zero_advantage_skip_mask
+from mutual_rl.stats import ObjectiveStats, TokenStats, UpdateStats, as_float
 from mutual_rl.strategies import clip_grad_norm_
 from mutual_rl.types import NLLTerm, PolicyBatch, TrainingPlan
 from mutual_rl.update.config import GRPOConfig
 from mutual_rl.update.lockstep import in_lockstep, max_over_ranks, padded, sum_over_ranks, world_size
 from mutual_rl.update.objectives import get_objective
-
-#: metrics of :func:`update_policy` that describe the whole update (every other key is a token-weighted mean over
-#: the tokens trained, absent when none was)
-STEP_METRICS = frozenset({"grad_norm", "loss", "nll", "trained_tokens", "skipped_frac", "nonfinite_skipped"})
 
 
 class NonFiniteUpdateError(FloatingPointError):
@@ -144,8 +141,9 @@ def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: 
 def update_policy(
     policy, plan: TrainingPlan, cfg: GRPOConfig,
     backward: Callable[[torch.Tensor], None], step_optimizer: Callable[[], None], zero_grad: Callable[[], None],
-) -> dict[str, float]:
-    """Run the update of ``plan``; returns metrics (token-weighted means of per-token ones).
+) -> UpdateStats:
+    """Run the update of ``plan``; returns its :class:`~mutual_rl.stats.UpdateStats` (the objective's statistics as
+    token-weighted means over the tokens trained).
 
     ``backward``, ``step_optimizer`` and ``zero_grad`` come from the trainer (Lightning's manual optimization).
     First the plan's batch and its NLL batch move to ``policy.device`` (regimes build them on the CPU, as the
@@ -160,7 +158,7 @@ def update_policy(
     loss or gradient norm of a mini-batch refuses its optimizer step (``cfg.on_nonfinite``: ``raise`` a
     :class:`NonFiniteUpdateError` naming the policy, the quantity and the likely cause, or ``skip`` the step and
     count it); non-finite weights after the update raise (they can only come from an optimizer step that
-    overflowed, e.g. a far too high learning rate). Per-token metrics (entropy, clip fractions, ...) are absent
+    overflowed, e.g. a far too high learning rate). Per-token statistics (entropy, clip fractions, ...) are ``None``
     when no row was trained, never carried over.
 
     Under FSDP with several processes the ranks run in lockstep with global normalisers (:func:`_mini_batches`),
@@ -207,15 +205,11 @@ def update_policy(
             n_steps += 1
     if n_steps:
         _check_finite_weights(policy, params, lockstep)
-    out = {k: total.sums[k] / total.weights[k] for k in total.sums if total.weights[k] > 0}
-    out.update({k: v / max(n_steps, 1) for k, v in steps_metrics.items()})
-    if plan.nll is None:
-        out.pop("nll")
-    out["trained_tokens"] = total.tokens
-    out["skipped_frac"] = float(skip.float().mean()) if len(batch) else 0.0
-    if cfg.on_nonfinite == "skip":
-        out["nonfinite_skipped"] = float(n_skipped)
-    return out
+    per_step = {k: v / max(n_steps, 1) for k, v in steps_metrics.items()}
+    return UpdateStats(
+        trained_tokens=total.tokens, skipped_frac=float(skip.float().mean()) if len(batch) else 0.0,
+        loss=per_step["loss"], grad_norm=per_step["grad_norm"], nll=per_step["nll"] if plan.nll is not None else None,
+        nonfinite_skipped=float(n_skipped) if cfg.on_nonfinite == "skip" else None, tokens=total.stats())
 
 
 def _on_device(plan: TrainingPlan, device: torch.device) -> TrainingPlan:
@@ -224,8 +218,8 @@ def _on_device(plan: TrainingPlan, device: torch.device) -> TrainingPlan:
     return dataclasses.replace(plan, batch=plan.batch.to(device), nll=nll)
 
 
-def _refuse_nonfinite_advantages(policy, plan: TrainingPlan, cfg: GRPOConfig, lockstep: bool) -> dict | None:
-    """A non-finite advantage on any rank refuses the whole update: raise, or (``skip``) the metrics of an update
+def _refuse_nonfinite_advantages(policy, plan: TrainingPlan, cfg: GRPOConfig, lockstep: bool) -> UpdateStats | None:
+    """A non-finite advantage on any rank refuses the whole update: raise, or (``skip``) the stats of an update
     that trained nothing; ``None`` when every advantage is finite."""
     batch = plan.batch
     bad = not bool(torch.isfinite(batch.advantages).all())
@@ -238,24 +232,41 @@ def _refuse_nonfinite_advantages(policy, plan: TrainingPlan, cfg: GRPOConfig, lo
     if cfg.on_nonfinite == "raise":
         raise NonFiniteUpdateError(_nonfinite_message(
             policy, "advantage", where, _CAUSE_REWARD, "the whole update was refused before any weight changed"))
-    return {"trained_tokens": 0.0, "skipped_frac": 1.0,
-            "nonfinite_skipped": float(cfg.ppo_epochs * len(plan.mini_batches))}
+    return UpdateStats(trained_tokens=0.0, skipped_frac=1.0,
+                       nonfinite_skipped=float(cfg.ppo_epochs * len(plan.mini_batches)))
+
+
+_PARTS = ("rows", "own", "peer")
+_TOKEN_FIELDS = tuple(f.name for f in dataclasses.fields(TokenStats) if f.name != "num_tokens")
 
 
 @dataclass
 class _MiniBatchResult:
-    """One mini-batch's forward/backward: token-weighted metric sums, loss, NLL, tokens, and whether finite."""
+    """Forward/backward passes: token-weighted sums of the objective's statistics per (row set, statistic), loss,
+    NLL, tokens, and whether everything was finite."""
 
-    sums: dict[str, float] = field(default_factory=dict)
-    weights: dict[str, float] = field(default_factory=dict)
+    sums: dict[tuple[str, str], float] = field(default_factory=dict)
+    weights: dict[tuple[str, str], float] = field(default_factory=dict)
     loss: float = 0.0
     nll: float = 0.0
     tokens: float = 0.0
     finite: bool = True
 
-    def add(self, key: str, value: float, weight: float) -> None:
+    def add(self, key: tuple[str, str], value: float, weight: float) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + value * weight
         self.weights[key] = self.weights.get(key, 0.0) + weight
+
+    def add_stats(self, stats: ObjectiveStats, num_tokens: float) -> None:
+        """One micro-batch's statistics: all rows weighted by its ``num_tokens``, own and peer rows by theirs."""
+        for part in _PARTS:
+            values = getattr(stats, part)
+            if values is None:
+                continue
+            weight = num_tokens if part == "rows" else as_float(values.num_tokens)
+            for name in _TOKEN_FIELDS:
+                v = getattr(values, name)
+                if v is not None:
+                    self.add((part, name), as_float(v), weight)
 
     def absorb(self, other: _MiniBatchResult) -> None:
         """Add a mini-batch whose optimizer step was taken (its per-token means, weighted by its tokens)."""
@@ -263,6 +274,18 @@ class _MiniBatchResult:
             w = other.weights[key]
             self.add(key, other.sums[key] / w if w else 0.0, w)
         self.tokens += other.tokens
+
+    def stats(self) -> ObjectiveStats | None:
+        """The token-weighted means (``None`` when no token was trained; a row set without tokens is ``None``)."""
+        parts: dict[str, dict[str, float]] = {}
+        for (part, name), total in self.sums.items():
+            if self.weights[(part, name)] > 0:
+                parts.setdefault(part, {})[name] = total / self.weights[(part, name)]
+        if not parts:
+            return None
+        return ObjectiveStats(rows=TokenStats(**parts.get("rows", {})),
+                              own=TokenStats(**parts["own"]) if "own" in parts else None,
+                              peer=TokenStats(**parts["peer"]) if "peer" in parts else None)
 
 
 def _forward_backward(policy, plan: TrainingPlan, mbi: _MiniBatch, objective, cfg: GRPOConfig,
@@ -288,18 +311,17 @@ def _forward_backward(policy, plan: TrainingPlan, mbi: _MiniBatch, objective, cf
                                               reference=True)
         logp, entropy = policy.response_logp(sub.input_ids, sub.attention_mask, mb.response_width, temperature,
                                              with_entropy=True)
-        loss, m = objective(logp, sub, **cfg.loss_kwargs(), token_count=mbi.token_count, num_seqs=mbi.num_seqs,
-                            max_len=mbi.max_len, ref_logp=ref, **extra_kw, **plan.objective_kwargs)
+        loss, stats = objective(logp, sub, **cfg.loss_kwargs(), token_count=mbi.token_count, num_seqs=mbi.num_seqs,
+                                max_len=mbi.max_len, ref_logp=ref, **extra_kw, **plan.objective_kwargs)
         loss = loss * mbi.scale
         res.finite &= bool(torch.isfinite(loss.detach()))
         backward(loss)
         n_tok = float(sub.response_mask.sum())
         res.tokens += n_tok
-        for key, v in m.items():
-            if key.endswith("num_tokens") or key in ("pg_loss", "kl_loss"):
-                continue
-            res.add(key, float(v), float(m[key.rsplit("/", 1)[0] + "/num_tokens"]) if "/" in key else n_tok)
-        res.add("entropy", float(masked_mean(entropy, sub.response_mask)), n_tok)
+        if isinstance(stats, Mapping):  # an objective registered with the older contract: a metrics mapping
+            stats = ObjectiveStats.from_algorithm(stats)
+        res.add_stats(stats, n_tok)
+        res.add(("rows", "entropy"), float(masked_mean(entropy, sub.response_mask)), n_tok)
         res.loss += float(loss.detach())
     if mbi.nll_pass:
         if mbi.nll_rows:

@@ -1,6 +1,6 @@
 """Training objectives, one registry, one signature.
 
-An objective maps one micro-batch to ``(loss, metrics)``::
+An objective maps one micro-batch to ``(loss, stats)``::
 
     fn(logp [b, T], sub: PolicyBatch, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind,
        token_count, num_seqs, max_len, ref_logp, update_index, **kwargs)
@@ -11,8 +11,11 @@ and the KL coefficient and estimator come from ``algorithm`` (``GRPOConfig.loss_
 the policy's configured maximum response length (the constant of ``seq-mean-token-sum-norm``), ``ref_logp`` the
 reference's log-probs (``None`` without KL), ``update_index`` the optimizer update within the current training
 step (0, 1, ... across PPO epochs; restarts every step) and ``kwargs`` come from the regime's
-``TrainingPlan.objective_kwargs``. Per-token metrics are means over this micro-batch's response tokens; the update
-averages them token-weighted. An objective that does not use a standard argument accepts and ignores it.
+``TrainingPlan.objective_kwargs``. ``stats`` is an :class:`~mutual_rl.stats.ObjectiveStats`: per-token means over
+this micro-batch's response tokens of all its rows, its own rows and its peer rows, each with its token count, which
+the update uses to average them token-weighted (an objective registered with the older contract may still return a
+mapping of the :mod:`mutual_rl.algorithms` names: ``clip_frac_low``, ``self/ratio_mean``, ``peer/num_tokens``, ...).
+An objective that does not use a standard argument accepts and ignores it.
 
 The math lives in ``mutual_rl.algorithms`` (pure tensor functions); the objectives here adapt a
 :class:`~mutual_rl.types.PolicyBatch` to it. Every built-in objective is defined in this file, so the registry
@@ -30,8 +33,9 @@ from mutual_rl.algorithms import kl_penalty, masked_mean, policy_loss
 from mutual_rl.algorithms.ftis import ftis_loss
 from mutual_rl.algorithms.hacpo import hacpo_sequence_loss, lower_bound
 from mutual_rl.algorithms.importance import truncated_is_loss
+from mutual_rl.stats import ObjectiveStats
 
-Objective = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+Objective = Callable[..., tuple[torch.Tensor, ObjectiveStats]]
 _OBJECTIVES: dict[str, Objective] = {}
 
 
@@ -104,7 +108,7 @@ def dapo(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind, to
         metrics.update(split_metrics(logp, sub, max_len, **loss_kw))
     else:  # every row is own: ``self/approx_kl`` (logged by every objective, comparable across regimes) is approx_kl
         metrics["self/approx_kl"], metrics["self/num_tokens"] = metrics["approx_kl"], metrics["num_tokens"]
-    return loss, metrics
+    return loss, ObjectiveStats.from_algorithm(metrics)
 
 
 @register_objective("prp_tis")
@@ -147,7 +151,7 @@ def prp_tis(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind,
         if ref_logp is not None:
             metrics["kl"] = masked_mean(kl_penalty(logp.detach(), ref_logp, kl_kind), mask)
         metrics["num_tokens"] = mask.sum()
-    return loss, metrics
+    return loss, ObjectiveStats.from_algorithm(metrics)
 
 
 @register_objective("hacpo")
@@ -178,7 +182,7 @@ def hacpo(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind, t
         with torch.no_grad():
             own = sub.response_mask * (~sub.is_peer).to(sub.response_mask.device).unsqueeze(-1)
             metrics["self/approx_kl"] = masked_mean(kl_penalty(sub.old_logp, logp.detach(), "k3"), own)
-    return loss, metrics
+    return loss, ObjectiveStats.from_algorithm(metrics)
 
 
 @register_objective("ftis")
@@ -220,4 +224,4 @@ def ftis(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind, to
         if ref_logp is not None:
             metrics["kl"] = masked_mean(kl_penalty(logp.detach(), ref_logp, kl_kind), mask)
         metrics["num_tokens"] = mask.sum()
-    return loss, metrics
+    return loss, ObjectiveStats.from_algorithm(metrics)

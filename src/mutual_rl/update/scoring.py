@@ -8,22 +8,23 @@ import torch
 
 from mutual_rl.algorithms import group_outcome_stats, grpo_advantages
 from mutual_rl.rewards.combined import Reward, as_reward
+from mutual_rl.stats import ScoringStats
 from mutual_rl.types import Problem, Rollout, ScoredGroup
 
 
 def score_groups(
     policy_id: str, problems: Sequence[Problem], per_prompt: Sequence[Sequence[Rollout]],
     reward_fn, *, eps: float = 1e-6, scale: str = "group", success_threshold: float = 0.0,
-) -> tuple[list[ScoredGroup], dict[str, float]]:
-    """One ScoredGroup per problem (rewards on the response text) and the group-outcome metrics.
+) -> tuple[list[ScoredGroup], ScoringStats]:
+    """One ScoredGroup per problem (rewards on the response text) and the group outcomes.
 
     ``reward_fn``: the run's :class:`~mutual_rl.rewards.combined.Reward` (``model.reward``: one function or a
     weighted list of terms), a guard, or a plain function (text-style ``fn(completion, answer)`` or TRL-style
     ``f(prompts, completions, **columns)``, detected by signature), which gets a guard with the defaults: 5 s per
     completion, errors raise. Each group's reward is the weighted sum of the terms
-    (:mod:`mutual_rl.rewards.combined`). The metrics count this call's completions scored 0.0 after a skipped
-    failure: ``reward_errors`` and ``reward_timeouts`` (0.0 and 0.0 when none failed); a reward given as a list of
-    terms adds ``reward/<term>``, each term's unweighted mean over all rollouts of the call.
+    (:mod:`mutual_rl.rewards.combined`). The stats count this call's completions scored 0.0 after a skipped
+    failure (``reward_errors``, ``reward_timeouts``); a reward given as a list of terms adds ``reward_terms``, each
+    term's unweighted mean over all rollouts of the call.
     """
     reward: Reward = as_reward(reward_fn)
     counts = {"error": 0, "timeout": 0}
@@ -45,14 +46,10 @@ def score_groups(
         groups.append(ScoredGroup(policy_id, p.prompt_id, rs[0].group_id, tuple(rs), r, adv[start : start + len(r)]))
         start += len(r)
     stats = group_outcome_stats(flat_r, flat_g, success_threshold)
-    flat = [x for rs in per_prompt for x in rs]
-    metrics = {
-        "reward": stats["reward_mean"], "pass_rate": stats["pass_rate"], "all_fail_frac": stats["all_fail_frac"],
-        "all_pass_frac": stats["all_pass_frac"], "mixed_frac": stats["mixed_frac"],
-        "response_length": sum(len(x.response_ids) for x in flat) / len(flat),
-        "eos_frac": sum(x.finish_reason == "eos" for x in flat) / len(flat),
-        "reward_errors": float(counts["error"]), "reward_timeouts": float(counts["timeout"]),
-    }
-    if reward.log_terms:
-        metrics.update({f"reward/{name}": total / len(flat) for name, total in term_sums.items()})
-    return groups, metrics
+    num = sum(len(rs) for rs in per_prompt)
+    return groups, ScoringStats(
+        reward=stats["reward_mean"], pass_rate=stats["pass_rate"], all_fail_frac=stats["all_fail_frac"],
+        all_pass_frac=stats["all_pass_frac"], mixed_frac=stats["mixed_frac"], reward_errors=counts["error"],
+        reward_timeouts=counts["timeout"],
+        reward_terms={name: total / num for name, total in term_sums.items()} if reward.log_terms else {},
+    )

@@ -1,0 +1,79 @@
+"""The two interfaces the training step calls: a receiver's sharing :class:`Regime` and the :class:`RolloutEngine`.
+
+They live at the bottom of the package (beside the records of :mod:`mutual_rl.types`), so configuration specs can
+name them as types and the step can call every method they declare without asking whether an implementation has it.
+The built-in regimes are in :mod:`mutual_rl.regimes`, the engines in :mod:`mutual_rl.rollout`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from mutual_rl.stats import SyncStats
+from mutual_rl.types import Problem, Rollout, ScoredGroup, TrainingPlan
+
+if TYPE_CHECKING:
+    from mutual_rl.model.spec import SamplingSpec
+
+
+class Regime:
+    """Base class: ``plan`` builds a receiver's training plan for one step.
+
+    ``subscribes`` names the record kinds the regime reads from peers (``rollout``, ``reward``, ``advantage``;
+    ``trace`` records are made on the receiver side by the THL, never subscribed to); ``()`` means it reads
+    nothing. A regime may keep state across steps (e.g. HACPO's capability
+    window): it then implements ``state_dict`` / ``load_state_dict`` so a resumed run continues exactly.
+    """
+
+    subscribes: tuple[str, ...] = ()
+    #: a response with reward above this counts as a success; the module sets it from
+    #: ``algorithm.success_threshold`` (its one source) on every receiver's regime
+    success_threshold: float = 0.0
+    #: THL alignment granularity of the peer traces this regime crosses (``word`` | ``span``): the one the step's
+    #: THL residual report measures with; regimes that take a ``granularity`` argument set their own
+    granularity: str = "word"
+
+    def plan(
+        self, receiver, own: Sequence[ScoredGroup], peers: Mapping[str, Sequence[ScoredGroup]], num_mini_batches: int
+    ) -> TrainingPlan:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class RolloutEngine:
+    """Base class of the rollout engines (configured as class_path HFRolloutEngine / VLLMRolloutEngine)."""
+
+    def generate(
+        self, policy, problems: Sequence[Problem], sampling: SamplingSpec, *, step: int, group_id_base: int = 0
+    ) -> list[list[Rollout]]:
+        """``sampling.n`` rollouts per problem, as one list per problem (same order as ``problems``).
+
+        Each record carries the sampled ids, the log-prob of every sampled token under the *sampling*
+        distribution (temperature and top-p applied), the finish reason and the character offsets of the
+        response tokens in the decoded response text.
+        """
+        raise NotImplementedError
+
+    def place(self, name: str, placement: str | int) -> None:
+        """Serve policy ``name``'s rollouts per the MWRA placement (``"colocate"``: the trainer's device; an int:
+        that device). An engine that cannot honour a placement raises a ``ValueError`` naming the fix; this base
+        accepts only ``"colocate"``."""
+        if placement != "colocate":
+            raise ValueError(f"policy {name!r}: MWRA placement {placement!r}, but rollout engine "
+                             f"{type(self).__name__} serves rollouts only on the trainer's device; use placement: "
+                             "colocate.")
+
+    def sync_weights(self, policy) -> SyncStats | None:
+        """After each update of ``policy``: an engine that holds its own copy of the weights (vLLM) pushes the new
+        weights into it and returns what the sync took; an engine that samples with the training model itself
+        (this base, HF ``generate``) has nothing to do and returns ``None``."""
+        return None
+
+    def close(self) -> None:
+        """Release what the engine holds (when a run ends); nothing in this base."""

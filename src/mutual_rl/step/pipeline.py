@@ -1,0 +1,182 @@
+"""One training step of N policies, top to bottom, with no Lightning in it.
+
+:func:`run_step` runs the phases in order and returns a typed :class:`~mutual_rl.step.report.StepReport`:
+
+1. :func:`sample_policy` -- per policy: its rollouts for the step's prompts (the rollout engine, with MWRA's budget),
+   scored on text with GRPO advantages per own group; with ``algorithm.dynamic_sampling``, topped up with mixed groups
+   from extra prompts (:mod:`mutual_rl.step.dynamic`). Each policy's groups are published to the exchange.
+2. Stored-peer mode: the recorded peers' groups for this step's prompts come out of the exchange.
+3. :func:`train_policy` -- per receiver: its learning rate, its regime's plan from its own and the delivered peer
+   groups, the aligned traces and the THL residual of what crossed, the exchange's accounting of every delivered
+   response, the update (:func:`mutual_rl.update.loop.update_policy`) and the engine's weight sync.
+4. The exchange closes the step (flow counts); under several processes the report is reduced over ranks
+   (:func:`~mutual_rl.step.report.reduce_over_ranks`).
+
+The host -- :class:`mutual_rl.module.MutualRLModule` under Lightning, or a script -- supplies a :class:`StepContext`:
+the policies, regimes, engine, exchange, reward and optimizers, and how to run a backward pass and an optimizer step.
+Logging, step counters, checkpoints and exports stay with the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from mutual_rl.distributed import lockstep_needed, raise_together
+from mutual_rl.exchange import trace_records
+from mutual_rl.interfaces import Regime, RolloutEngine
+from mutual_rl.model.spec import PolicySpec
+from mutual_rl.regimes.crossing import thl_residual
+from mutual_rl.rewards import RewardError
+from mutual_rl.step.dynamic import Sampled, dynamic_sample, sample_round
+from mutual_rl.step.report import PolicyStepReport, StepReport, reduce_over_ranks
+from mutual_rl.types import PromptBatch
+from mutual_rl.update.config import GRPOConfig
+from mutual_rl.update.loop import update_policy
+from mutual_rl.update.schedule import set_lr
+from mutual_rl.update.scoring import score_groups
+
+
+@dataclass
+class StepContext:
+    """What a training step works with (module docstring). ``optimizers`` are the policies' torch optimizers by
+    name; ``backward(loss)`` and ``optimizer_step(optimizer)`` default to ``loss.backward()`` and
+    ``optimizer.step()`` (Lightning's manual optimization passes its own)."""
+
+    specs: Sequence[PolicySpec]
+    policies: Mapping[str, torch.nn.Module]
+    regimes: Mapping[str, Regime]
+    algorithm: GRPOConfig
+    engine: RolloutEngine
+    exchange: object
+    """The Shared Experience Exchange (:class:`mutual_rl.exchange.ExperienceExchange`), receivers subscribed."""
+    reward_fn: Callable
+    optimizers: Mapping[str, torch.optim.Optimizer]
+    backward: Callable[[torch.Tensor], None] = field(default=lambda loss: loss.backward())
+    optimizer_step: Callable[[torch.optim.Optimizer], None] = field(default=lambda opt: opt.step())
+    budgets: Mapping[str, object] = field(default_factory=dict)
+    """MWRA's budget of each policy for this step (``n``, ``max_new_tokens``, ``update``, ``placement``)."""
+    datamodule: object = None
+    """Where dynamic sampling draws its extra prompts (``train_problems()``)."""
+    decay_ends: Mapping[str, int | None] = field(default_factory=dict)
+    """The step each policy's learning-rate decay ends (:func:`mutual_rl.update.schedule.decay_end`)."""
+    thl_residual_every_n_steps: int = 10
+
+    @classmethod
+    def from_policies(cls, policies: Sequence, regime: Regime | str = "none", *, reward: str | Callable = "integer_match",
+                      algorithm: GRPOConfig | None = None, engine: RolloutEngine | None = None,
+                      exchange=None, **kwargs) -> StepContext:
+        """A step over built policies (:func:`mutual_rl.model.build_policy`) outside Lightning, set up as the module
+        sets up its own: each receiver its own copy of ``regime`` (a :class:`Regime` or a registered name) with
+        ``algorithm.success_threshold``, one AdamW per policy with its ``optimizer`` settings, an
+        :class:`~mutual_rl.exchange.ExperienceExchange` (nothing stored) each receiver is subscribed to, the HF
+        engine and ``reward`` (a registered name, ``module:function`` or a callable). ``kwargs``: the other fields."""
+        import copy
+
+        from mutual_rl.exchange import ExperienceExchange
+        from mutual_rl.regimes import as_regime, regime_name
+        from mutual_rl.rewards import build_reward
+        from mutual_rl.rollout import HFRolloutEngine
+
+        algorithm = algorithm or GRPOConfig()
+        regimes = {}
+        for p in policies:
+            regimes[p.name] = copy.deepcopy(as_regime(regime))
+            regimes[p.name].success_threshold = algorithm.success_threshold
+        exchange = exchange if exchange is not None else ExperienceExchange()
+        for name, r in regimes.items():
+            exchange.subscribe(name, set(r.subscribes), regime=regime_name(r))
+        optimizers = {}
+        for p in policies:
+            o = p.spec.optimizer
+            optimizers[p.name] = torch.optim.AdamW([x for x in p.parameters() if x.requires_grad], lr=o.lr,
+                                                   betas=o.betas, weight_decay=o.weight_decay, eps=o.eps)
+        return cls(specs=[p.spec for p in policies], policies={p.name: p for p in policies}, regimes=regimes,
+                   algorithm=algorithm, engine=engine or HFRolloutEngine(), exchange=exchange,
+                   reward_fn=build_reward(reward) if isinstance(reward, str) else reward, optimizers=optimizers,
+                   **kwargs)
+
+
+def run_step(ctx: StepContext, batch: PromptBatch, step: int) -> StepReport:
+    """One training step of every policy on ``batch`` (module docstring)."""
+    ex = ctx.exchange
+    ex.begin_step(step)
+    sampled: dict[str, Sampled] = {}
+    for spec in ctx.specs:
+        error = None
+        try:
+            sampled[spec.name] = sample_policy(ctx, spec, batch, step)
+        except RewardError as e:  # several processes: every rank stops, none waits in the next collective
+            error = e
+        raise_together(error, f"scoring policy {spec.name!r}'s rollouts")
+        for g in sampled[spec.name].groups:
+            ex.publish(g)
+    replayed = {}
+    if ex.replayed_policies:  # stored-peer mode: recorded peers' groups for this step's prompts
+        for name, gs in ex.replay_groups(step, [p.prompt_id for p in batch.problems]).items():
+            replayed[name] = float(torch.cat([g.rewards for g in gs]).mean()) if gs else 0.0
+    reports = {spec.name: train_policy(ctx, spec, sampled[spec.name], step) for spec in ctx.specs}
+    return reduce_over_ranks(StepReport(step, reports, ex.end_step(), replayed))
+
+
+def sample_policy(ctx: StepContext, spec: PolicySpec, batch: PromptBatch, step: int) -> Sampled:
+    """One policy's scored groups of the step; with ``algorithm.dynamic_sampling`` its mixed groups topped up from
+    extra prompts (not on a step it does not update)."""
+    sampling, budget = spec.sampling, ctx.budgets.get(spec.name)
+    if budget is not None:  # MWRA: rollouts per prompt, max new tokens and rollout placement for this step
+        sampling = dataclasses.replace(sampling, n=budget.n, max_new_tokens=budget.max_new_tokens)
+        ctx.engine.place(spec.name, budget.placement)
+    policy, a = ctx.policies[spec.name], ctx.algorithm
+
+    def generate(problems, group_id_base: int):
+        return ctx.engine.generate(policy, problems, sampling, step=step, group_id_base=group_id_base)
+
+    def score(problems, per_prompt):
+        return score_groups(spec.name, problems, per_prompt, ctx.reward_fn, eps=a.eps, scale=a.scale,
+                            success_threshold=a.success_threshold)
+
+    if not a.dynamic_sampling or (budget is not None and not budget.update):
+        return sample_round(generate, score, batch.problems, batch.offset)
+    return dynamic_sample(generate, score, batch, step=step, max_rounds=a.dynamic_sampling_max_rounds,
+                          datamodule=ctx.datamodule, lockstep=lockstep_needed(policy.model))
+
+
+def train_policy(ctx: StepContext, spec: PolicySpec, sampled: Sampled, step: int) -> PolicyStepReport:
+    """One receiver's learning in the step (module docstring, phase 3); a policy MWRA does not update this step
+    consumes none of its deliveries (each counted dropped ``over_budget``)."""
+    name, ex = spec.name, ctx.exchange
+    report = PolicyStepReport(name, sampled.rollout, sampled.scoring, sampled.dynamic_sampling,
+                              groups=tuple(sampled.groups))
+    budget = ctx.budgets.get(name)
+    if budget is not None and not budget.update:
+        for source, gs in ex.deliveries(name).items():
+            ex.report(name, source, consumed=0, dropped={"over_budget": sum(len(g.rollouts) for g in gs)} if gs else {})
+        return report
+    policy, regime, optimizer = ctx.policies[name], ctx.regimes[name], ctx.optimizers[name]
+    t0 = time.perf_counter()
+    lr = set_lr(optimizer, spec.optimizer, step, ctx.decay_ends.get(name))
+    delivered = ex.deliveries(name)
+    plan = regime.plan(policy, sampled.groups, delivered, ctx.algorithm.num_mini_batches)
+    if plan.crossed:  # aligned traces (PRP peer_aligned) go with the step's traffic (stored, not delivered)
+        traces = trace_records(plan.crossed, [g for gs in delivered.values() for g in gs])
+        if traces:
+            ex.publish(traces)
+    thl = {}
+    every = ctx.thl_residual_every_n_steps
+    if plan.crossed is not None and every and step % every == 0:
+        thl = thl_residual(policy, plan.crossed, granularity=regime.granularity)
+    for source, flow in plan.flows.items():
+        ex.report(name, source, consumed=flow.get("consumed", 0),
+                  dropped={k: v for k, v in flow.items() if k != "consumed"})
+    stats = update_policy(policy, plan, ctx.algorithm, backward=ctx.backward,
+                          step_optimizer=lambda: ctx.optimizer_step(optimizer),
+                          zero_grad=lambda: optimizer.zero_grad(set_to_none=True))
+    stats = dataclasses.replace(stats, lr=lr, train_s=time.perf_counter() - t0)
+    sync = ctx.engine.sync_weights(policy)  # engines holding their own copy of the weights (vLLM): push the update
+    return dataclasses.replace(report, update=stats, regime=dict(plan.metrics), sync=sync, thl=thl,
+                               histograms=dict(plan.histograms))
+
