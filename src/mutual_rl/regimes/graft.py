@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -132,6 +133,48 @@ def _mean_logp(trace: torch.Tensor) -> float:
     return float(trace.double().sum() / max(trace.numel(), 1))
 
 
+@dataclass(frozen=True)
+class _Selection:
+    """Steps 1-3 of one plan: per source its candidate receiver groups (``key -> k_S``) and those kept after
+    balancing, and the source chosen for each receiver group."""
+
+    candidates: dict[str, dict]
+    kept: dict[str, set]
+    chosen: dict
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One training row: a rollout (own, or crossed with the receiver's old log-probs), its advantage and weight."""
+
+    rollout: object
+    advantage: float
+    weight: float
+    is_peer: bool
+
+
+@dataclass(frozen=True)
+class _Grafted:
+    """A receiver group replaced by a source's crossed responses (the admitted ones, ``w > 0``)."""
+
+    key: tuple
+    source: str
+    rows: list[_Row]
+
+
+@dataclass(frozen=True)
+class _Graft:
+    """Step 4 of one plan: the grafted groups in the receiver's group order, the per-source, per-group drop counts
+    (``{src: {key: {reason: n}}}``), the evaluated ``s`` per group, the evaluated / admitted counts split by the
+    peer response's reward, and every crossed response."""
+
+    groups: list[_Grafted]
+    dropped: dict[str, dict]
+    scores: list[torch.Tensor]
+    split: dict[str, int]
+    crossed: list
+
+
 @register_regime("graft")
 class GRAFT(Regime):
     """GRAFT regime (see the module docstring for the rules as implemented and every deviation).
@@ -188,16 +231,17 @@ class GRAFT(Regime):
             for src, g in pairs:
                 peer_by[src][key] = g
         metrics: dict = {}
-        cands, kept, chosen = self._select(own_by, peer_by, order, metrics)
-        grafted, dropped, all_s, split, crossed = self._graft(receiver, own, own_by, peer_by, chosen)
-        flows = self._flows(peers, pairing, peer_by, cands, kept, chosen, dropped)
+        selection = self._select(own_by, peer_by, order, metrics)
+        graft = self._graft(receiver, own, own_by, peer_by, selection.chosen)
+        flows = _flows(peers, pairing, peer_by, selection, graft.dropped)
         for src in order:
-            metrics[f"rescued/{src}"] = float(sum(1 for _, s_, _ in grafted if s_ == src))
-            metrics[f"transferred_responses/{src}"] = float(sum(len(r) for _, s_, r in grafted if s_ == src))
-        batch, mini_batches = self._assemble(receiver, own, grafted, num_mini_batches)
+            metrics[f"rescued/{src}"] = float(sum(1 for g in graft.groups if g.source == src))
+            metrics[f"transferred_responses/{src}"] = float(sum(len(g.rows) for g in graft.groups if g.source == src))
+        batch, mini_batches = self._assemble(receiver, own, graft.groups, num_mini_batches)
         n_peer = int(batch.is_peer.sum())
-        s_all = torch.cat(all_s).float() if all_s else torch.zeros(0)
-        metrics["transferred_groups"] = float(len(grafted))
+        s_all = torch.cat(graft.scores).float() if graft.scores else torch.zeros(0)
+        split = graft.split
+        metrics["transferred_groups"] = float(len(graft.groups))
         metrics["transferred_responses"] = float(n_peer)
         evaluated = sum(split[f"evaluated_{kind}"] for kind in ("success", "failure"))
         metrics["admitted_frac"] = float(n_peer / evaluated) if evaluated else 0.0
@@ -210,10 +254,10 @@ class GRAFT(Regime):
             metrics["compat_s_mean"] = float(s_all.mean())
             metrics["compat_s_min"] = float(s_all.min())
             metrics["compat_s_max"] = float(s_all.max())
-        return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, objective="dapo", crossed=crossed,
+        return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, objective="dapo", crossed=graft.crossed,
                             histograms={"compat_s": s_all})
 
-    def _select(self, own_by, peer_by, order, metrics):
+    def _select(self, own_by, peer_by, order, metrics) -> _Selection:
         """Steps 1-3: candidates per source, balancing, and one source per receiver group (N > 2)."""
         thr = self.success_threshold
         rank = {src: i for i, src in enumerate(order)}
@@ -231,15 +275,11 @@ class GRAFT(Regime):
                 best = chosen.get(q)
                 if best is None or (cands[src][q], -rank[src]) > (cands[best][q], -rank[best]):
                     chosen[q] = src
-        return cands, kept, chosen
+        return _Selection(cands, kept, chosen)
 
-    def _graft(self, receiver, own, own_by, peer_by, chosen):
+    def _graft(self, receiver, own, own_by, peer_by, chosen) -> _Graft:
         """Step 4: cross every chosen group (its successes only with ``transfer="successes"``), score each
-        response's compatibility, keep ``w > 0``.
-
-        Returns ``grafted`` (``[(key, source, [(crossed with old logp, advantage, w), ...])]`` in ``R``'s group
-        order), the per-source, per-group drop counts (``{src: {key: {reason: n}}}``), the evaluated ``s``, the
-        evaluated / admitted counts split by the peer response's reward, and every crossed response."""
+        response's compatibility, keep ``w > 0``."""
         thr = self.success_threshold
         selected = []  # (key, source, indices of the responses to cross)
         for q in own_by:
@@ -276,55 +316,53 @@ class GRAFT(Regime):
                 split[f"evaluated_{kind}"] += 1
                 if wi > 0:
                     split[f"admitted_{kind}"] += 1
-                    rows.append((dataclasses.replace(c, old_logp=t), float(adv[i]), float(wi)))
+                    rows.append(_Row(dataclasses.replace(c, old_logp=t), float(adv[i]), float(wi), True))
             if rows:
-                grafted.append((q, src, rows))
+                grafted.append(_Grafted(q, src, rows))
             dropped[src][q] = {"compat_below_floor": len(cs) - len(rows), "not_success": len(g.rollouts) - len(cs)}
-        return grafted, dropped, all_s, split, flat
+        return _Graft(grafted, dropped, all_s, split, flat)
 
-    @staticmethod
-    def _flows(peers, pairing, peer_by, cands, kept, chosen, dropped) -> dict[str, dict[str, int]]:
-        """Every delivered peer response, consumed or dropped with its reason (module docstring)."""
-        flows: dict[str, dict[str, int]] = {}
-        for src in peers:
-            f: dict[str, int] = {}
-            items = [(q, g, None) for q, g in peer_by.get(src, {}).items()]
-            items += [(None, g, "no_own_group") for g in pairing.unmatched.get(src, [])]
-            for q, g, fixed in items:
-                n = len(g.rollouts)
-                if fixed is not None:
-                    reason = {fixed: n}
-                elif q not in cands[src]:
-                    reason = {"not_candidate": n}
-                elif q not in kept[src]:
-                    reason = {"unbalanced": n}
-                elif chosen[q] != src:
-                    reason = {"other_source": n}
-                else:
-                    reason = {"consumed": n - sum(dropped[src][q].values()), **dropped[src][q]}
-                for k, v in reason.items():
-                    f[k] = f.get(k, 0) + v
-            flows[src] = {k: v for k, v in f.items() if v}
-        return flows
-
-    def _assemble(self, receiver, own, grafted, num_mini_batches):
+    def _assemble(self, receiver, own, grafted: list[_Grafted], num_mini_batches):
         """Steps 5-6: the batch (own rows ``w = 1``, grafted rows with their ``w``) and its mini-batches."""
-        replaced = {q: rows for q, _, rows in grafted}
-        own_rows, peer_rows, in_place = [], [], []  # rows: (rollout, advantage, weight, is_peer)
+        replaced = {g.key: g.rows for g in grafted}
+        own_rows, peer_rows, in_place = [], [], []
         for g in own:
             q = group_key(g)
             if q in replaced:
-                grafted_rows = [(c, a, w, True) for c, a, w in replaced[q]]
-                peer_rows += grafted_rows
-                in_place += grafted_rows
+                peer_rows += replaced[q]
+                in_place += replaced[q]
             else:
-                mine = [(r, float(a), 1.0, False) for r, a in zip(g.rollouts, g.advantages.tolist())]
+                mine = [_Row(r, float(a), 1.0, False) for r, a in zip(g.rollouts, g.advantages.tolist())]
                 own_rows += mine
                 in_place += mine
         rows = in_place if self.peer_last == "none" else own_rows + peer_rows
         batch = collate(
-            [r for r, _, _, _ in rows], [a for _, a, _, _ in rows], receiver.tokenizer.pad_token_id,
-            weights=[w for _, _, w, _ in rows], is_peer=[p for _, _, _, p in rows],
-            needs_old_logp=[False] * len(rows),
+            [r.rollout for r in rows], [r.advantage for r in rows], receiver.tokenizer.pad_token_id,
+            weights=[r.weight for r in rows], is_peer=[r.is_peer for r in rows], needs_old_logp=[False] * len(rows),
         )
         return batch, split_rows(len(rows), num_mini_batches)  # the paper: same mini-batches, grafted ones last
+
+
+def _flows(peers, pairing, peer_by, selection: _Selection, dropped) -> dict[str, dict[str, int]]:
+    """Every delivered peer response, consumed or dropped with its reason (module docstring)."""
+    flows: dict[str, dict[str, int]] = {}
+    for src in peers:
+        f: dict[str, int] = {}
+        items = [(q, g, None) for q, g in peer_by.get(src, {}).items()]
+        items += [(None, g, "no_own_group") for g in pairing.unmatched.get(src, [])]
+        for q, g, fixed in items:
+            n = len(g.rollouts)
+            if fixed is not None:
+                reason = {fixed: n}
+            elif q not in selection.candidates[src]:
+                reason = {"not_candidate": n}
+            elif q not in selection.kept[src]:
+                reason = {"unbalanced": n}
+            elif selection.chosen[q] != src:
+                reason = {"other_source": n}
+            else:
+                reason = {"consumed": n - sum(dropped[src][q].values()), **dropped[src][q]}
+            for k, v in reason.items():
+                f[k] = f.get(k, 0) + v
+        flows[src] = {k: v for k, v in f.items() if v}
+    return flows
