@@ -13,6 +13,8 @@ import torch
 from mutual_rl.model.spec import PolicySpec, SamplingSpec, WarmStart
 from mutual_rl.module import MutualRLModule
 from mutual_rl.rewards import RewardError
+from mutual_rl.stats import flatten
+from mutual_rl.step.pipeline import StepContext, sample_policy
 from mutual_rl.types import Problem, PromptBatch, Rollout
 
 HERE = "tests.reliability.test_bad_rewards"
@@ -73,10 +75,18 @@ def _module(reward: str, texts: list[str] | None = None, **kw) -> MutualRLModule
 BATCH = PromptBatch(0, [Problem(11, "12+34=", "46"), Problem(12, "50-8=", "42")])
 
 
+def _sample(m: MutualRLModule, batch: PromptBatch = BATCH):
+    """The step's first phase for the module's one policy: its scored groups and the logged names of its stats."""
+    ctx = StepContext(specs=m.specs, policies=m.policies, regimes=m.regimes, algorithm=m.algorithm, engine=m.engine,
+                      exchange=None, reward_fn=m.reward_fn, optimizers={})
+    s = sample_policy(ctx, m.specs[0], batch, step=0)
+    return s.groups, {**flatten(s.rollout), **flatten(s.scoring)}
+
+
 def test_reward_that_never_returns_is_a_counted_timeout_in_skip_mode(preset_cache):
     m = _module(f"{HERE}:sleep_forever", reward_timeout_s=0.2, reward_errors="skip")
     t0 = time.perf_counter()
-    groups, metrics = m._rollout_and_score(m.specs[0], BATCH, step=0)  # the real rollout engine
+    groups, metrics = _sample(m)  # the real rollout engine
     assert time.perf_counter() - t0 < 4.0  # 4 calls x 0.2 s, plus sampling
     assert (metrics["reward_timeouts"], metrics["reward_errors"]) == (4.0, 0.0)
     assert metrics["reward"] == 0.0 and all(g.rewards.tolist() == [0.0, 0.0] for g in groups)
@@ -86,7 +96,7 @@ def test_reward_that_never_returns_stops_the_run_in_raise_mode(preset_cache):
     m = _module(f"{HERE}:sleep_forever", ["46", "47"], reward_timeout_s=0.2)
     t0 = time.perf_counter()
     with pytest.raises(RewardError) as err:
-        m._rollout_and_score(m.specs[0], BATCH, step=0)
+        _sample(m)
     assert time.perf_counter() - t0 < 1.5
     msg = str(err.value)
     assert msg.startswith(f"reward '{HERE}:sleep_forever' did not return within 0.2 s (policy 'char', prompt 11) on "
@@ -107,7 +117,7 @@ def test_failing_reward_raises_one_error_naming_reward_completion_and_answer(pre
     long_text = "so \\boxed{46}" + " and more" * 50
     m = _module(f"{HERE}:{fn}", [long_text, "47"])
     with pytest.raises(RewardError) as err:
-        m._rollout_and_score(m.specs[0], BATCH, step=0)
+        _sample(m)
     msg = str(err.value)
     assert msg.startswith(f"reward '{HERE}:{fn}' {what} (policy 'char', prompt 11) on completion 'so \\\\boxed{{46}}")
     assert f"... ({len(long_text)} characters) with answer '46'" in msg
@@ -117,14 +127,14 @@ def test_failing_reward_raises_one_error_naming_reward_completion_and_answer(pre
 @pytest.mark.parametrize("fn", ["raises", "returns_none", "returns_nan", "returns_abc"])
 def test_failing_reward_is_counted_per_policy_in_skip_mode(preset_cache, fn):
     m = _module(f"{HERE}:{fn}", ["46", "47"], reward_errors="skip")
-    groups, metrics = m._rollout_and_score(m.specs[0], BATCH, step=0)
+    groups, metrics = _sample(m)
     assert (metrics["reward_errors"], metrics["reward_timeouts"]) == (4.0, 0.0)
     assert [g.rewards.tolist() for g in groups] == [[0.0, 0.0], [0.0, 0.0]]
 
 
 def test_working_reward_reports_zero_counts(preset_cache):
     m = _module("integer_match", ["46", "42"])
-    groups, metrics = m._rollout_and_score(m.specs[0], BATCH, step=0)
+    groups, metrics = _sample(m)
     assert [g.rewards.tolist() for g in groups] == [[1.0, 0.0], [0.0, 1.0]]
     assert (metrics["reward_errors"], metrics["reward_timeouts"]) == (0.0, 0.0)
 
@@ -136,7 +146,7 @@ def test_math_verify_timeouts_are_counted_per_policy(preset_cache):
 
     m = _module("math_verify", ["\\boxed{9^{9^{9^{9}}}}", "\\boxed{46}"], reward_timeout_s=0.5)
     try:
-        groups, metrics = m._rollout_and_score(m.specs[0], PromptBatch(0, BATCH.problems[:1]), step=0)
+        groups, metrics = _sample(m, PromptBatch(0, BATCH.problems[:1]))
     finally:
         verifier_for(0.5).close()
     assert (metrics["reward_timeouts"], metrics["reward_errors"]) == (1.0, 0.0)  # counted, not raised
