@@ -108,11 +108,9 @@ class ResourceAllocation(Callback):
             if name not in names:
                 raise ValueError(f"ResourceAllocation: placement names unknown policy {name!r}; policies: {names}.")
         num = _visible_devices()
-        place = getattr(pl_module.engine, "place", None)
         for name, where in self.placement.items():
             validate_placement(name, where, num)
-            if place is not None:  # the engine says now whether it can honour the placement
-                place(name, where)
+            pl_module.engine.place(name, where)  # the engine says now whether it can honour the placement
         if self.mode == "adaptive" and self.total(pl_module) < len(names) * self.n_min:
             raise ValueError(f"ResourceAllocation: total_rollouts {self.total(pl_module)} < {len(names)} policies x "
                              f"n_min {self.n_min}.")
@@ -124,7 +122,7 @@ class ResourceAllocation(Callback):
 
     # ---------------------------------------------------------------------------------------- accounting
     def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
-        report = getattr(pl_module, "last_report", None)
+        report = pl_module.last_report
         if not self.current or report is None:
             return
         num_prompts = len(getattr(batch, "problems", ()) or ())
@@ -155,10 +153,6 @@ class ResourceAllocation(Callback):
         self.accounting.load_state_dict(state_dict["accounting"])
         self.all_fail_ema = dict(state_dict["all_fail_ema"])
         self.steps = int(state_dict["steps"])
-
-
-def _scalar(v) -> bool:
-    return getattr(v, "numel", lambda: 1)() == 1
 
 
 def _visible_devices() -> int | None:

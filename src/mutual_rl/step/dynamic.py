@@ -200,7 +200,7 @@ def check_dynamic_sampling(algorithm, specs: Sequence, regimes: Mapping[str, obj
         return
     from mutual_rl.regimes import regime_name
 
-    sharing = {name: regime_name(r) for name, r in regimes.items() if getattr(r, "subscribes", ())}
+    sharing = {name: regime_name(r) for name, r in regimes.items() if r.subscribes}
     if sharing:
         raise ValueError(
             f"model.algorithm.dynamic_sampling is on, but receivers {sorted(sharing)} have sharing regimes "
