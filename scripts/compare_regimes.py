@@ -1,6 +1,8 @@
 """Kept for the commands recorded in results/*/table.md: the same as ``mutual-rl compare ...``."""
 
-from mutual_rl.compare.cli import main
+import sys
+
+from mutual_rl.cli import main
 
 if __name__ == "__main__":
-    main(prog="python scripts/compare_regimes.py")
+    main(["compare", *sys.argv[1:]])

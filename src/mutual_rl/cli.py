@@ -232,10 +232,11 @@ def main(args=None) -> None:
 
 
 def _compare(argv: list[str]) -> None:
-    """``mutual-rl compare ...``: dispatched before LightningCLI, which knows only ``fit`` and ``validate``."""
+    """``mutual-rl compare ...``: dispatched before LightningCLI, which knows only ``fit`` and ``validate``; the
+    comparison reads its configs with :func:`load_config` (passed in: it does not import this module back)."""
     from mutual_rl.compare.cli import main as compare_main
 
-    compare_main(argv)
+    compare_main(argv, read_config=load_config)
 
 
 if __name__ == "__main__":

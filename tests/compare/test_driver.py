@@ -14,13 +14,13 @@ from mutual_rl.compare.settings import Settings
 
 
 def _settings(**kw) -> Settings:
-    return Settings(**{"smoke": True, **kw})
+    return Settings(**{"smoke": True, "read_config": load_config, **kw})
 
 
 def test_run_configs_apply_the_label_overrides(tmp_path):
     present = [lab for lab in labels.LABELS if labels.config_path(lab).exists()]
     assert {"grpo", "grpo_n16", "grpo_n32", "sgt", "graft", "graft_stored"} <= set(present)
-    for job in runner.plan_jobs(present, [3]):
+    for job in runner.plan_jobs(present, [3], load_config):
         cfg = runner.run_config(job, _settings(), tmp_path / "runs" / job.name, tmp_path)
         pols = cfg["model"]["policies"]
         exchange = cfg["trainer"]["callbacks"][-1]
@@ -47,14 +47,20 @@ def test_run_configs_apply_the_label_overrides(tmp_path):
 
 
 def test_plan_adds_the_recording_run_and_the_dependency():
-    jobs = runner.plan_jobs(["sgt", "graft_stored"], [0, 1])
+    jobs = runner.plan_jobs(["sgt", "graft_stored"], [0, 1], load_config)
     assert [j.name for j in jobs] == ["grpo-s0", "sgt-s0", "graft_stored-gpt2-s0", "graft_stored-llama-s0",
                                       "grpo-s1", "sgt-s1", "graft_stored-gpt2-s1", "graft_stored-llama-s1"]
     assert jobs[2].deps == ("grpo-s0",) and jobs[7].deps == ("grpo-s1",) and jobs[1].deps == ()
-    assert len(runner.plan_jobs(list(labels.LABELS), [0])) == len(labels.LABELS) + 1  # one extra: two receiver runs
-    dirs = runner.run_dirs(["graft_stored"], [0], Path("/r"))
+    assert len(runner.plan_jobs(list(labels.LABELS), [0], load_config)) == len(labels.LABELS) + 1  # one extra: two receiver runs
+    dirs = runner.run_dirs(["graft_stored"], [0], Path("/r"), load_config)
     assert dirs == {("graft_stored", 0): [("gpt2", Path("/r/runs/graft_stored-gpt2-s0")),
                                           ("llama", Path("/r/runs/graft_stored-llama-s0"))]}
+
+
+def test_planning_runs_needs_the_config_reader():
+    """The comparison does not import mutual_rl.cli (which dispatches to it): `mutual-rl compare` passes its reader."""
+    with pytest.raises(SystemExit, match="no config reader: run the comparison as `mutual-rl compare"):
+        runner.run_all(Settings(regimes=["graft_stored"]), Path("/nonexistent"))
 
 
 def test_missing_config_is_a_clear_error(monkeypatch):
@@ -97,7 +103,7 @@ def test_scheduler_starts_receivers_only_after_the_recording(tmp_path, monkeypat
     assert events.index("start graft_stored-llama-s0") > grpo_end
     assert events.index("start graft-s0") < grpo_end  # independent runs are not held back
     assert all(json.loads((tmp_path / "runs" / j.name / "done.json").read_text())["seconds"] >= 0
-               for j in runner.plan_jobs(args.regimes, [0]))
+               for j in runner.plan_jobs(args.regimes, [0], load_config))
 
 
 def test_receiver_refuses_an_incomplete_recording(tmp_path):

@@ -1,5 +1,8 @@
 """``python -m mutual_rl.compare ...``: the same as ``mutual-rl compare ...``."""
 
-from mutual_rl.compare.cli import main
+import sys
 
-main(prog="python -m mutual_rl.compare")
+from mutual_rl.cli import main
+
+if __name__ == "__main__":
+    main(["compare", *sys.argv[1:]])

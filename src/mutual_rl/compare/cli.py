@@ -18,7 +18,7 @@ from pathlib import Path
 from jsonargparse import ArgumentParser, DefaultHelpFormatter
 
 from mutual_rl.compare.labels import LABELS, check_configs, describe, resolve_config
-from mutual_rl.compare.settings import Settings
+from mutual_rl.compare.settings import ConfigReader, Settings
 
 USAGE = """examples:
   mutual-rl compare --name graft_paper --steps 200 --val-every 50 --val-per-skill 200   # every label x 3 seeds
@@ -37,7 +37,8 @@ def compare(name: str = "embedded", regimes: tuple[str, ...] | None = None, seed
             steps: int = 400, val_every: int = 100, val_per_skill: int = 400, k: int = 8, last_k: int = 2,
             ckpt_every: int = 50, parallel: int = 2, threads: int = 1, results: str = "results",
             warmstart_steps: int | None = None, smoke: bool = False, report_only: bool = False,
-            from_summary: bool = False, list: bool = False, *, command: str = "mutual-rl compare") -> None:
+            from_summary: bool = False, list: bool = False, *, command: str = "mutual-rl compare",
+            read_config: ConfigReader | None = None) -> None:
     """Compare sharing regimes under a matched setting (the GRAFT paper's comparison): runs, tables and figures.
 
     Every label trains the same pair of tiny heterogeneous policies (configs/base.yaml) with the same prompts,
@@ -64,6 +65,8 @@ def compare(name: str = "embedded", regimes: tuple[str, ...] | None = None, seed
         from_summary: only redraw the figures from summary.json (+ compute.json, curves.json); also --replot
         list: print the labels, their configs and overrides, and exit
         command: the command line written into table.md (not an option)
+        read_config: how a config file is read (mutual_rl.cli.load_config, passed by `mutual-rl compare`; not an
+            option)
     """
     if list:
         for lab in LABELS.values():
@@ -74,7 +77,7 @@ def compare(name: str = "embedded", regimes: tuple[str, ...] | None = None, seed
     s = Settings(name=name, regimes=[*(regimes or LABELS)], seeds=[*seeds], steps=steps, val_every=val_every,
                  val_per_skill=val_per_skill, k=k, last_k=last_k, ckpt_every=ckpt_every, parallel=parallel,
                  threads=threads, results=Path(results), warmstart_steps=warmstart_steps, smoke=smoke,
-                 command=command)
+                 command=command, read_config=read_config)
     root, order = s.root, [*LABELS]
     if from_summary:
         report.replot(s, root, order)
@@ -89,7 +92,7 @@ def compare(name: str = "embedded", regimes: tuple[str, ...] | None = None, seed
     labels = [*s.regimes]  # the report also reads the grpo runs graft_stored replays: its reference row
     if any(LABELS[lab].stored for lab in labels) and runner.RECORDER not in labels:
         labels.insert(0, runner.RECORDER)
-    report.report(s, root, runner.run_dirs(labels, s.seeds, root), order=order)
+    report.report(s, root, runner.run_dirs(labels, s.seeds, root, s.reader()), order=order)
 
 
 def real(config: str = "configs/real/sgt.yaml", out: str = "results/real/sgt", steps: int | None = None,
@@ -125,7 +128,7 @@ def parser_for(fn, prog: str) -> ArgumentParser:
     description = doc.split("\n\nArgs:")[0].split("\n    Args:")[0].split("Args:")[0].strip()
     parser = ArgumentParser(prog=prog, description=description, epilog=USAGE if fn is compare else None,
                             formatter_class=_Formatter, exit_on_error=True)
-    parser.add_function_arguments(fn, as_group=False, skip={"command", "fit_args"})
+    parser.add_function_arguments(fn, as_group=False, skip={"command", "read_config", "fit_args"})
     return parser
 
 
@@ -169,8 +172,9 @@ def normalize(argv: list[str], fn) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None, prog: str = "mutual-rl compare") -> None:
-    """``mutual-rl compare [options]`` or ``mutual-rl compare real [options] [-- fit arguments]``."""
+def main(argv: list[str] | None = None, prog: str = "mutual-rl compare", read_config: ConfigReader | None = None) -> None:
+    """``mutual-rl compare [options]`` or ``mutual-rl compare real [options] [-- fit arguments]``; ``read_config``:
+    the config reader of the CLI that dispatches here (``mutual_rl.cli.load_config``)."""
     argv = [*(sys.argv[1:] if argv is None else argv)]
     if argv[:1] == ["real"]:
         head, fit_args = (argv[1:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv[1:], [])
@@ -178,4 +182,4 @@ def main(argv: list[str] | None = None, prog: str = "mutual-rl compare") -> None
         real(**cfg.as_dict(), fit_args=tuple(fit_args))
         return
     cfg = parser_for(compare, prog).parse_args(normalize(argv, compare))
-    compare(**cfg.as_dict(), command=shlex.join(["mutual-rl", "compare", *argv]))
+    compare(**cfg.as_dict(), command=shlex.join(["mutual-rl", "compare", *argv]), read_config=read_config)

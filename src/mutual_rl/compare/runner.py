@@ -25,9 +25,8 @@ from typing import NamedTuple
 
 import yaml
 
-from mutual_rl.cli import load_config
 from mutual_rl.compare.labels import LABELS, RECORDER, check_configs, config_path
-from mutual_rl.compare.settings import Settings
+from mutual_rl.compare.settings import ConfigReader, Settings
 from mutual_rl.compare.step0 import print_step0_if_ready
 
 
@@ -61,14 +60,15 @@ class Job(NamedTuple):
         return f"{self.label}-{self.receiver}-s{self.seed}" if self.receiver else f"{self.label}-s{self.seed}"
 
 
-def config_policies(label: str) -> list[str]:
+def config_policies(label: str, read: ConfigReader) -> list[str]:
     """The policy names of a label's config (the receivers of a graft_stored comparison)."""
-    return [p["name"] for p in load_config(config_path(label))["model"]["policies"]]
+    return [p["name"] for p in read(config_path(label))["model"]["policies"]]
 
 
-def plan_jobs(labels, seeds) -> list[Job]:
+def plan_jobs(labels, seeds, read: ConfigReader) -> list[Job]:
     """The runs to do, in launch-preference order: each seed's labels in order; graft_stored adds one receiver
-    run per policy, depending on that seed's grpo run (added to the plan if ``grpo`` is not a label)."""
+    run per policy of its config (read by ``read``), depending on that seed's grpo run (added to the plan if
+    ``grpo`` is not a label)."""
     jobs: list[Job] = []
     for seed in seeds:
         for label in labels:
@@ -78,14 +78,14 @@ def plan_jobs(labels, seeds) -> list[Job]:
             rec = Job(RECORDER, seed)
             if rec not in jobs:
                 jobs.insert(next((i for i, j in enumerate(jobs) if j.seed == seed), len(jobs)), rec)
-            jobs += [Job(label, seed, receiver=p, deps=(rec.name,)) for p in config_policies(label)]
+            jobs += [Job(label, seed, receiver=p, deps=(rec.name,)) for p in config_policies(label, read)]
     return jobs
 
 
-def run_dirs(labels, seeds, root: Path) -> dict[tuple[str, int], list[tuple[str | None, Path]]]:
+def run_dirs(labels, seeds, root: Path, read: ConfigReader) -> dict[tuple[str, int], list[tuple[str | None, Path]]]:
     """``(label, seed) -> [(receiver or None, run folder), ...]``: where the report reads each label's runs."""
     out: dict = {}
-    for job in plan_jobs(labels, seeds):
+    for job in plan_jobs(labels, seeds, read):
         if job.label in labels:
             out.setdefault((job.label, job.seed), []).append((job.receiver, root / "runs" / job.name))
     return out
@@ -97,7 +97,7 @@ def run_config(job: Job, s: Settings, run_dir: Path, root: Path) -> dict:
     evaluation set and the label's overrides."""
     spec = LABELS[job.label]
     check_configs([job.label])
-    cfg = load_config(config_path(job.label))  # the same files `mutual-rl fit --config` reads
+    cfg = s.reader()(config_path(job.label))  # the same files, read as `mutual-rl fit --config` reads them
     cfg["seed_everything"] = job.seed
     exchange: dict = {}
     if job.label == RECORDER:
@@ -185,7 +185,7 @@ def launch(job: Job, s: Settings, root: Path) -> subprocess.Popen | None:
 def run_all(s: Settings, root: Path, poll_s: float = 2.0) -> None:
     """Run every planned job not yet done, ``s.parallel`` at a time, each only once its dependencies are done;
     print the step-0 diagnostics once a running comparison run has its step-0 evaluation."""
-    jobs = plan_jobs(s.regimes, s.seeds)
+    jobs = plan_jobs(s.regimes, s.seeds, s.reader())
     is_done = lambda name: (root / "runs" / name / "done.json").exists()  # noqa: E731
     pending = [j for j in jobs if not is_done(j.name)]
     running: list[subprocess.Popen] = []

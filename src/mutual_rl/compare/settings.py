@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mutual_rl.compare.labels import LABELS
+
+ConfigReader = Callable[[Path], dict]
+"""reads a config file as ``mutual-rl fit --config`` does (its ``base:`` chain merged): ``mutual_rl.cli.load_config``,
+which ``mutual-rl compare`` passes in (the comparison never imports the CLI that dispatches to it: no import
+cycle)"""
 
 
 @dataclass
@@ -28,6 +34,8 @@ class Settings:
     smoke: bool = False
     command: str = "mutual-rl compare"
     """the command line as typed (written into table.md)"""
+    read_config: ConfigReader | None = None
+    """the host CLI's config reader (:data:`ConfigReader`); needed to plan and configure runs"""
 
     def __post_init__(self) -> None:
         self.regimes = list(dict.fromkeys(self.regimes))
@@ -39,6 +47,13 @@ class Settings:
         if self.smoke:  # 2 steps, 1 seed, tiny warm-up and evaluation
             self.steps, self.val_every, self.val_per_skill, self.k, self.ckpt_every = 2, 1, 8, 2, 1
             self.seeds = self.seeds[:1]
+
+    def reader(self) -> ConfigReader:
+        """:attr:`read_config`, or an error saying how to get one."""
+        if self.read_config is None:
+            raise SystemExit("[compare] no config reader: run the comparison as `mutual-rl compare ...` (or pass "
+                             "read_config=mutual_rl.cli.load_config)")
+        return self.read_config
 
     @property
     def root(self) -> Path:
