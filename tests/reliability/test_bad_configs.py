@@ -19,7 +19,7 @@ from mutual_rl.exchange import ExperienceExchange
 from mutual_rl.model.spec import LoraSpec, OptimizerSpec, PolicySpec, SamplingSpec, WarmStart
 from mutual_rl.module import MutualRLModule
 from mutual_rl.regimes import get_regime
-from mutual_rl.rewards import get_reward, integer_match
+from mutual_rl.rewards import build_reward, get_reward, integer_match
 from mutual_rl.rollout import get_engine
 from mutual_rl.types import Problem
 from mutual_rl.update.config import GRPOConfig
@@ -33,7 +33,28 @@ def _p(name: str = "a", **kw) -> PolicySpec:
 CASES = {
     "no policies": (lambda: MutualRLModule([]), ["model.policies is empty"]),
     "two policies with one name": (lambda: MutualRLModule([_p(), _p()]), ["policy names must be unique", "'a'"]),
-    "policy name with a slash": (lambda: _p("a/b"), ["policy name 'a/b'", "no '/'"]),
+    "policy name with a slash": (lambda: _p("a/b"), ["policy name 'a/b'", "letters, digits", "'a_b'"]),
+    "policy name with a dot": (lambda: _p("qwen2.5"), ["policy name 'qwen2.5'", "'.' and '/'", "'qwen2_5'"]),
+    "policy name of 300 characters": (lambda: _p("x" * 300), ["1 to 64 letters", "export folder"]),
+    "optimizer eps 0": (lambda: OptimizerSpec(eps=0), ["optimizer.eps must be > 0", "default is 1e-8"]),
+    "negative gradient clip": (lambda: OptimizerSpec(grad_clip=-1), ["optimizer.grad_clip must be >= 0",
+                                                                      "flip the gradient"]),
+    "AdamW beta of 1": (lambda: OptimizerSpec(betas=(0.9, 1.0)), ["optimizer.betas must be two numbers in [0, 1)"]),
+    "negative weight decay": (lambda: OptimizerSpec(weight_decay=-0.1), ["optimizer.weight_decay must be >= 0"]),
+    "infinite learning rate": (lambda: OptimizerSpec(lr=float("inf")), ["optimizer.lr must be > 0"]),
+    "negative advantage eps": (lambda: GRPOConfig(eps=-1), ["algorithm.eps must be > 0", "reward std"]),
+    "advantage eps 0": (lambda: GRPOConfig(eps=0), ["algorithm.eps must be > 0"]),
+    "negative KL coefficient": (lambda: GRPOConfig(kl_coef=-1), ["algorithm.kl_coef must be >= 0"]),
+    "clip_low of 1": (lambda: GRPOConfig(clip_low=1.0), ["algorithm.clip_low must be in [0, 1)"]),
+    "negative clip_high": (lambda: GRPOConfig(clip_high=-0.1), ["algorithm.clip_high must be >= 0"]),
+    "dual clip of 1": (lambda: GRPOConfig(dual_clip=1.0), ["algorithm.dual_clip must be > 1 or null"]),
+    "NaN success threshold": (lambda: GRPOConfig(success_threshold=float("nan")), ["success_threshold must be finite"]),
+    "evaluation max_new_tokens 0": (lambda: EvalConfig(max_new_tokens=0), ["evaluation.max_new_tokens must be >= 1"]),
+    "negative evaluation max_new_tokens": (lambda: EvalConfig(max_new_tokens=-3),
+                                           ["evaluation.max_new_tokens must be >= 1 or null (got -3)"]),
+    "reward terms all of weight 0": (lambda: build_reward([{"fn": "integer_match", "weight": 0.0},
+                                                          {"fn": "boxed_format", "weight": 0}]),
+                                     ["every term's weight is 0", "integer_match, boxed_format", "nothing trains"]),
     "prompt template without {problem}": (lambda: _p(prompt_template="Q:"), ["prompt_template 'Q:'", "{problem}"]),
     "group size 0": (lambda: SamplingSpec(n=0), ["sampling.n must be >= 1"]),
     "sampling temperature 0": (lambda: SamplingSpec(temperature=0), ["sampling.temperature must be > 0"]),

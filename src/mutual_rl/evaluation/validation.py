@@ -77,6 +77,9 @@ class EvalConfig:
             raise ValueError(f"evaluation.top_p must be in (0, 1] (got {self.top_p}).")
         if self.greedy_batch_size < 1:
             raise ValueError(f"evaluation.greedy_batch_size must be >= 1 (got {self.greedy_batch_size}).")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"evaluation.max_new_tokens must be >= 1 or null (got {self.max_new_tokens}); null "
+                             "uses each policy's own sampling.max_new_tokens.")
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,18 @@ These dataclasses are the configuration (docs/design.md, rule 5): their typed fi
 
 from __future__ import annotations
 
+import math
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
 from mutual_rl.assets import PKG_PREFIX
 from mutual_rl.interfaces import Regime
+
+MAX_NAME = 64
+#: a policy name: letters, digits, '_' and '-' (it names a submodule, log keys and an export folder)
+POLICY_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_NAME}}}")
 
 PRESET_PREFIX = "tiny:"
 """How an embedded preset's name starts (``tiny:gpt2-bpe``)."""
@@ -67,9 +73,20 @@ class OptimizerSpec:
     """Floor of the decay, as a fraction of lr."""
 
     def __post_init__(self):
-        if self.lr <= 0:
+        if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"optimizer.lr must be > 0 (got {self.lr}).")
         self.betas = tuple(self.betas)
+        if len(self.betas) != 2 or not all(math.isfinite(b) and 0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"optimizer.betas must be two numbers in [0, 1) (AdamW's moment decays; got "
+                             f"{list(self.betas)}); the default is [0.9, 0.99].")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"optimizer.weight_decay must be >= 0 (got {self.weight_decay}); 0 turns it off.")
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            raise ValueError(f"optimizer.eps must be > 0 (got {self.eps}): AdamW divides by sqrt(v) + eps; the "
+                             "default is 1e-8.")
+        if not (math.isfinite(self.grad_clip) and self.grad_clip >= 0):
+            raise ValueError(f"optimizer.grad_clip must be >= 0 (got {self.grad_clip}): the largest gradient norm "
+                             "per optimizer step; 0 turns clipping off (a negative bound would flip the gradient).")
         if self.warmup_steps < 0:
             raise ValueError(f"optimizer.warmup_steps must be >= 0 (got {self.warmup_steps}).")
         if self.schedule not in ("constant", "cosine", "linear"):
@@ -201,8 +218,12 @@ class PolicySpec:
     """Initialisation seed of a tiny preset."""
 
     def __post_init__(self):
-        if not self.name or "/" in self.name:
-            raise ValueError(f"policy name {self.name!r} must be non-empty and contain no '/'.")
+        if not POLICY_NAME.fullmatch(self.name or ""):
+            suggestion = re.sub(r"[^A-Za-z0-9_-]", "_", self.name or "policy")[:MAX_NAME]
+            raise ValueError(
+                f"policy name {self.name!r} must be 1 to {MAX_NAME} letters, digits, '_' or '-' (it names the policy's "
+                f"submodule, its log keys <name>/... and its export folder; '.' and '/' would split them): e.g. "
+                f"{suggestion!r}.")
         if "{problem}" not in self.prompt_template:
             raise ValueError(
                 f"policy {self.name!r}: prompt_template {self.prompt_template!r} must contain '{{problem}}'."

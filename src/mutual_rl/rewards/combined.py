@@ -200,6 +200,9 @@ def build_reward(spec: str | RewardTerm | Sequence[RewardTerm | dict | str], *,
         except ValueError as exc:
             raise ValueError(f"model.reward[{i}]: {exc}") from None
         terms.append(_Term(term.log_name, term.weight, _guard(fn, term.fn, term.style, timeout_s, errors)))
+    if all(t.weight == 0 for t in terms):
+        raise ValueError(f"model.reward: every term's weight is 0 ({', '.join(t.name for t in terms)}), so every "
+                         "completion scores 0 and nothing trains; give at least one term a non-zero weight.")
     return Reward(terms, log_terms=True)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -64,9 +65,32 @@ class GRPOConfig:
                 raise ValueError(f"algorithm.{name}={value!r} is not one of: {', '.join(choices)}.")
         if self.ppo_epochs < 1 or self.num_mini_batches < 1 or self.micro_batch_size < 0:
             raise ValueError("algorithm.ppo_epochs and num_mini_batches must be >= 1, micro_batch_size >= 0.")
+        _check_numbers(self)
         if self.dynamic_sampling_max_rounds < 0:
             raise ValueError(f"algorithm.dynamic_sampling_max_rounds must be >= 0 (0 = filter only, no extra rounds), "
                              f"got {self.dynamic_sampling_max_rounds}.")
 
 
 NONFINITE_ACTIONS = ("raise", "skip")
+
+
+def _check_numbers(cfg: GRPOConfig) -> None:
+    """Signs and ranges of the algorithm's numbers, each error naming the field (a negative eps flips advantages, a
+    negative kl_coef rewards moving away from the reference)."""
+    finite = all(math.isfinite(v) for v in (cfg.clip_low, cfg.clip_high, cfg.eps, cfg.kl_coef, cfg.success_threshold))
+    if not finite:
+        raise ValueError("algorithm.clip_low, clip_high, eps, kl_coef and success_threshold must be finite numbers.")
+    if not 0.0 <= cfg.clip_low < 1.0:
+        raise ValueError(f"algorithm.clip_low must be in [0, 1) (got {cfg.clip_low}): the ratio's lower clip 1 - "
+                         "clip_low; the default is 0.2.")
+    if cfg.clip_high < 0.0:
+        raise ValueError(f"algorithm.clip_high must be >= 0 (got {cfg.clip_high}): the ratio's upper clip 1 + "
+                         "clip_high; the default is 0.28.")
+    if cfg.dual_clip is not None and not (math.isfinite(cfg.dual_clip) and cfg.dual_clip > 1.0):
+        raise ValueError(f"algorithm.dual_clip must be > 1 or null (got {cfg.dual_clip}); 3 is usual.")
+    if cfg.eps <= 0.0:
+        raise ValueError(f"algorithm.eps must be > 0 (got {cfg.eps}): it is added to the group's reward std before "
+                         "dividing; the default is 1e-6.")
+    if cfg.kl_coef < 0.0:
+        raise ValueError(f"algorithm.kl_coef must be >= 0 (got {cfg.kl_coef}): the KL penalty's weight; 0 turns it "
+                         "off.")
