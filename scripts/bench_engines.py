@@ -39,7 +39,7 @@ import torch
 
 
 def _policy(args):
-    from mutual_rl.cli import load_config
+    from mutual_rl.config_files import load_config
     from mutual_rl.data.task import ArithmeticTask
     from mutual_rl.model.policy import build_policy
     from mutual_rl.model.spec import LoraSpec, OptimizerSpec, PolicySpec, SamplingSpec, WarmStart

@@ -57,7 +57,7 @@ def test_regimes_and_evaluation_never_import_distributed():
 #: interfaces the step calls; pure math, the THL and the distributed helpers; prompts and rewards; the model; the
 #: update and the rollout engines; regimes, the exchange, MWRA, evaluation, presets; the step; its hosts
 LAYERS = (
-    ("types", "stats", "interfaces", "assets", "threads", "warnings_filters", "durable"),
+    ("types", "stats", "interfaces", "assets", "threads", "warnings_filters", "durable", "config_files"),
     ("algorithms", "thl", "distributed", "strategies"),
     ("data", "rewards"),
     ("model",),

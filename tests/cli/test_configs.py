@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mutual_rl.cli import load_config, main
+from mutual_rl.cli import main
+from mutual_rl.config_files import load_config
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").rglob("*.yaml"))
 CPU_CONFIGS = [c for c in CONFIGS if "gpu" not in c.parts and "real" not in c.parts]

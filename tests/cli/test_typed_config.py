@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mutual_rl.cli import load_config, main
+from mutual_rl.cli import main
+from mutual_rl.config_files import load_config
 from mutual_rl.regimes import FTIS, GRAFT, HACPO, PRP, SGT, XGRPO, NoSharing
 
 CONFIGS = Path(__file__).parents[2] / "configs"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mutual_rl.cli import load_config
 from mutual_rl.compare import labels, report, runner, step0
 from mutual_rl.compare.settings import Settings
+from mutual_rl.config_files import load_config
 
 
 def _settings(**kw) -> Settings:
@@ -57,10 +57,11 @@ def test_plan_adds_the_recording_run_and_the_dependency():
                                           ("llama", Path("/r/runs/graft_stored-llama-s0"))]}
 
 
-def test_planning_runs_needs_the_config_reader():
-    """The comparison does not import mutual_rl.cli (which dispatches to it): `mutual-rl compare` passes its reader."""
-    with pytest.raises(SystemExit, match="no config reader: run the comparison as `mutual-rl compare"):
-        runner.run_all(Settings(regimes=["graft_stored"]), Path("/nonexistent"))
+def test_the_default_config_reader_merges_the_base_chain():
+    """Settings read configs as `mutual-rl fit --config` does (mutual_rl.config_files, not the CLI module)."""
+    cfg = Settings(regimes=["sgt"]).reader()(labels.config_path("sgt"))
+    assert "base" not in cfg and cfg["model"]["regime"]["class_path"] == "SGT"
+    assert [p["name"] for p in cfg["model"]["policies"]] == ["gpt2", "llama"]  # from base.yaml
 
 
 def test_missing_config_is_a_clear_error(monkeypatch):

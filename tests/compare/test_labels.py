@@ -7,9 +7,10 @@ from importlib.resources import files
 
 import pytest
 
-from mutual_rl.cli import load_config, main
+from mutual_rl.cli import main
 from mutual_rl.compare import labels
 from mutual_rl.compare.labels import LABELS, Label
+from mutual_rl.config_files import load_config
 
 
 def test_label_records_are_complete_and_in_table_order():

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mutual_rl.cli import load_config, main
+from mutual_rl.cli import main
 from mutual_rl.compare.labels import LABELS, config_path, configs_dir
 from mutual_rl.compare.runs import scalars
+from mutual_rl.config_files import load_config
 
 pytest.importorskip("matplotlib")
 pytestmark = pytest.mark.slow  # each test: several 2-step runs (presets built in the session's cache)

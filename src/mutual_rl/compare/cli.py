@@ -19,6 +19,7 @@ from jsonargparse import ArgumentParser, DefaultHelpFormatter
 
 from mutual_rl.compare.labels import LABELS, check_configs, describe, resolve_config
 from mutual_rl.compare.settings import ConfigReader, Settings
+from mutual_rl.config_files import load_config
 
 USAGE = """examples:
   mutual-rl compare --name graft_paper --steps 200 --val-every 50 --val-per-skill 200   # every label x 3 seeds
@@ -38,7 +39,7 @@ def compare(name: str = "embedded", regimes: tuple[str, ...] | None = None, seed
             ckpt_every: int = 50, parallel: int = 2, threads: int = 1, results: str = "results",
             warmstart_steps: int | None = None, smoke: bool = False, report_only: bool = False,
             from_summary: bool = False, list: bool = False, *, command: str = "mutual-rl compare",
-            read_config: ConfigReader | None = None) -> None:
+            read_config: ConfigReader = load_config) -> None:
     """Compare sharing regimes under a matched setting (the GRAFT paper's comparison): runs, tables and figures.
 
     Every label trains the same pair of tiny heterogeneous policies (configs/base.yaml) with the same prompts,
@@ -65,8 +66,7 @@ def compare(name: str = "embedded", regimes: tuple[str, ...] | None = None, seed
         from_summary: only redraw the figures from summary.json (+ compute.json, curves.json); also --replot
         list: print the labels, their configs and overrides, and exit
         command: the command line written into table.md (not an option)
-        read_config: how a config file is read (mutual_rl.cli.load_config, passed by `mutual-rl compare`; not an
-            option)
+        read_config: how a config file is read (default: mutual_rl.config_files.load_config; not an option)
     """
     if list:
         for lab in LABELS.values():
@@ -172,9 +172,8 @@ def normalize(argv: list[str], fn) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None, prog: str = "mutual-rl compare", read_config: ConfigReader | None = None) -> None:
-    """``mutual-rl compare [options]`` or ``mutual-rl compare real [options] [-- fit arguments]``; ``read_config``:
-    the config reader of the CLI that dispatches here (``mutual_rl.cli.load_config``)."""
+def main(argv: list[str] | None = None, prog: str = "mutual-rl compare", read_config: ConfigReader = load_config) -> None:
+    """``mutual-rl compare [options]`` or ``mutual-rl compare real [options] [-- fit arguments]``."""
     argv = [*(sys.argv[1:] if argv is None else argv)]
     if argv[:1] == ["real"]:
         head, fit_args = (argv[1:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv[1:], [])

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mutual_rl.compare.labels import LABELS
+from mutual_rl.config_files import load_config
 
 ConfigReader = Callable[[Path], dict]
-"""reads a config file as ``mutual-rl fit --config`` does (its ``base:`` chain merged): ``mutual_rl.cli.load_config``,
-which ``mutual-rl compare`` passes in (the comparison never imports the CLI that dispatches to it: no import
-cycle)"""
+"""reads a config file as ``mutual-rl fit --config`` does (its ``base:`` chain merged): by default
+:func:`mutual_rl.config_files.load_config`"""
 
 
 @dataclass
@@ -34,8 +34,8 @@ class Settings:
     smoke: bool = False
     command: str = "mutual-rl compare"
     """the command line as typed (written into table.md)"""
-    read_config: ConfigReader | None = None
-    """the host CLI's config reader (:data:`ConfigReader`); needed to plan and configure runs"""
+    read_config: ConfigReader = load_config
+    """how a config file is read (:data:`ConfigReader`)"""
 
     def __post_init__(self) -> None:
         self.regimes = list(dict.fromkeys(self.regimes))
@@ -49,10 +49,7 @@ class Settings:
             self.seeds = self.seeds[:1]
 
     def reader(self) -> ConfigReader:
-        """:attr:`read_config`, or an error saying how to get one."""
-        if self.read_config is None:
-            raise SystemExit("[compare] no config reader: run the comparison as `mutual-rl compare ...` (or pass "
-                             "read_config=mutual_rl.cli.load_config)")
+        """:attr:`read_config`."""
         return self.read_config
 
     @property
