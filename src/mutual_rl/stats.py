@@ -32,16 +32,20 @@ def prefixed(prefix: str, **more: Any) -> dict:
     return {"prefix": prefix, **more}
 
 
+def _logged_fields(record: Any, prefix: str):
+    """``(field, value, logged name, prefix of a nested record)`` of each present, logged field of ``record``."""
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if value is not None and f.metadata.get("log") is not False:
+            yield f, value, prefix + f.metadata.get("prefix", f.name), prefix + f.metadata.get("prefix", "")
+
+
 def flatten(record: Any, prefix: str = "") -> dict[str, float]:
     """``{logged name: value}`` of a record (module docstring); a record's ``derived`` properties are included."""
     out: dict[str, float] = {}
-    for f in dataclasses.fields(record):
-        value = getattr(record, f.name)
-        if value is None or f.metadata.get("log") is False:
-            continue
-        name = prefix + f.metadata.get("prefix", f.name)
+    for _, value, name, inner in _logged_fields(record, prefix):
         if dataclasses.is_dataclass(value):
-            out.update(flatten(value, prefix + f.metadata.get("prefix", "")))
+            out.update(flatten(value, inner))
         elif isinstance(value, Mapping):
             out.update({name + k: float(v) for k, v in value.items()})
         else:
@@ -56,13 +60,9 @@ def flatten(record: Any, prefix: str = "") -> dict[str, float]:
 def count_names(record: Any, prefix: str = "") -> set[str]:
     """The logged names of a record's :data:`COUNT` fields that are present."""
     out: set[str] = set()
-    for f in dataclasses.fields(record):
-        value = getattr(record, f.name)
-        if value is None or f.metadata.get("log") is False:
-            continue
-        name = prefix + f.metadata.get("prefix", f.name)
+    for f, value, name, inner in _logged_fields(record, prefix):
         if dataclasses.is_dataclass(value):
-            out |= count_names(value, prefix + f.metadata.get("prefix", ""))
+            out |= count_names(value, inner)
         elif f.metadata.get("count"):
             out |= {name + k for k in value} if isinstance(value, Mapping) else {name}
     return out
@@ -172,11 +172,11 @@ class TokenStats:
     is_ratio_mean: Any = None
 
     @classmethod
-    def pick(cls, values: Mapping[str, Any], prefix: str = "", **more: Any) -> TokenStats:
+    def pick(cls, values: Mapping[str, Any], prefix: str = "") -> TokenStats:
         """The fields named ``prefix + field`` in an algorithm's output mapping (its documented return names)."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k[len(prefix):]: v for k, v in values.items()
-                      if k.startswith(prefix) and k[len(prefix):] in names}, **more)
+                      if k.startswith(prefix) and k[len(prefix):] in names})
 
 
 @dataclass(frozen=True)
