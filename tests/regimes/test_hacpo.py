@@ -55,12 +55,14 @@ def test_advantages_hand_values():
 
 
 # ------------------------------------------------------------------------------------------ plan
-def test_plan_pooled_advantages_row_inputs_flows_metrics():
+def test_plan_pooled_advantages_row_inputs_flows_metrics_interleaved_option():
+    """``row_order="interleaved"`` (ours, an option): pooled groups in prompt order, own rows first in each, split
+    into ``num_mini_batches`` (every mini-batch mixes own and peer rows)."""
     recv = FakeReceiver("r")
     own = [make_group("r", 0, [1, 0]), make_group("r", 1, [0, 0])]  # P_r = 1/4
     peers = {"s": [make_group("s", 0, [1, 1], kind="bpe"), make_group("s", 1, [1, 0], kind="bpe"),
                    make_group("s", 5, [0, 0], kind="bpe")]}  # P_s = 3/6; prompt 5: no own group
-    plan = get_regime("hacpo").plan(recv, own, peers, 2)
+    plan = get_regime("hacpo", row_order="interleaved").plan(recv, own, peers, 2)
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"consumed": 4, "no_own_group": 2}}
     assert plan.objective == "hacpo"
@@ -82,6 +84,44 @@ def test_plan_pooled_advantages_row_inputs_flows_metrics():
     assert m["capability/r"] == 0.25 and m["capability/s"] == 0.5 and m["cap_ratio/s"] == 0.5
     assert m["L_m_first"] == 0.8 and m["m"] == 0.0 and m["peer_responses"] == 4.0
     assert HACPO.subscribes == ("rollout", "reward")
+
+
+def test_plan_own_then_peer_order_and_twice_the_mini_batches_by_default():
+    """Default (public HACPO code): R's own rows in GRPO's mini-batches first, then the peer rows in further
+    mini-batches of the same size; advantages and inputs travel with their rows."""
+    recv = FakeReceiver("r")
+    own = [make_group("r", 0, [1, 0]), make_group("r", 1, [0, 0])]
+    peers = {"s": [make_group("s", 0, [1, 1], kind="bpe"), make_group("s", 1, [1, 0], kind="bpe"),
+                   make_group("s", 5, [0, 0], kind="bpe")]}  # as the interleaved test: P_r/P_s = 0.5
+    plan = get_regime("hacpo").plan(recv, own, peers, 2)
+    assert_flows(plan, peers)
+    b = plan.batch
+    assert b.prompt_ids == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert b.is_peer.tolist() == [False] * 4 + [True] * 4
+    assert plan.mini_batches == [[0, 1], [2, 3], [4, 5], [6, 7]]  # updates 0-1 own, 2-3 peer
+    den = 0.5 + 1e-6  # the same pooled advantages as the interleaved test, reordered with their rows
+    expected = torch.tensor([0.5, -0.5, -0.125, -0.125, 0.5, 0.5, 0.875, -0.125]) / den
+    torch.testing.assert_close(b.advantages, expected, rtol=0, atol=1e-6)
+    assert torch.equal(b.cap_ratio, torch.tensor([1.0] * 4 + [0.5] * 4))
+    assert torch.equal(b.source_mean_logp, torch.tensor([0.0] * 4 + [-0.5] * 4))
+    # public code's shape: 4 own groups of 2 (8 rows) in 2 mini-batches of 4 -> two peer updates of 4 rows
+    own4 = [make_group("r", q, [0, 1]) for q in range(4)]
+    peers4 = {"s": [make_group("s", q, [1, 0], kind="bpe") for q in range(4)]}
+    plan = get_regime("hacpo").plan(recv, own4, peers4, 2)
+    assert [len(mb) for mb in plan.mini_batches] == [4, 4, 4, 4]
+    assert [plan.batch.is_peer[mb].tolist() for mb in plan.mini_batches] == [[False] * 4] * 2 + [[True] * 4] * 2
+    # two peers: twice as many peer rows -> four peer updates of the own size; a short peer tail: ceil
+    peers2 = {"s": peers4["s"], "t": [make_group("t", q, [1, 0], kind="bpe") for q in range(4)]}
+    assert [len(mb) for mb in get_regime("hacpo").plan(recv, own4, peers2, 2).mini_batches] == [4] * 6
+    peers3 = {"s": [make_group("s", q, [1, 0, 1], kind="bpe") for q in range(2)]}
+    assert [len(mb) for mb in get_regime("hacpo").plan(recv, own4, peers3, 2).mini_batches] == [4, 4, 3, 3]
+    # no peer rows: GRPO's mini-batches exactly
+    assert get_regime("hacpo").plan(recv, own4, {"s": []}, 2).mini_batches == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_row_order_is_validated():
+    with pytest.raises(ValueError, match=r"row_order='shuffled' is not one of: own_then_peer, interleaved"):
+        get_regime("hacpo", row_order="shuffled")
 
 
 def _step(regime, step, r_rewards, s_rewards):
@@ -210,7 +250,7 @@ def test_objective_micro_batch_invariant_with_kl(kl_peer_rows):
 
 
 # ------------------------------------------------------------------------------------------ update
-def test_update_on_tiny_policy_with_kl():
+def test_update_on_tiny_policy_with_kl(monkeypatch):
     from mutual_rl.model.policy import build_policy
     from mutual_rl.model.spec import PolicySpec, WarmStart
     from mutual_rl.update.loop import update_policy
@@ -224,9 +264,20 @@ def test_update_on_tiny_policy_with_kl():
     params = [p for p in policy.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     opt = torch.optim.SGD(params, lr=0.1)
+    seen = []  # (update_index, peer flags of the rows, L_m) of every objective call
+
+    def recording(logp, sub, **kw):
+        loss, stats = hacpo_objective(logp, sub, **kw)
+        seen.append((kw["update_index"], sub.is_peer.tolist(), float(stats.rows.L_m)))
+        return loss, stats
+
+    monkeypatch.setattr("mutual_rl.update.loop.get_objective", lambda name: recording)
     m = update_policy(policy, plan, GRPOConfig(num_mini_batches=2, kl_coef=1e-3, kl_kind="k3"),
                       backward=lambda loss: loss.backward(), step_optimizer=opt.step,
                       zero_grad=lambda: opt.zero_grad(set_to_none=True))
+    # own rows in updates 0-1, peer rows in updates 2-3, L_m = 0.8 + 0.025 m (0.85, 0.875 on the peer updates)
+    assert [(u, set(p)) for u, p, _ in seen] == [(0, {False}), (1, {False}), (2, {True}), (3, {True})]
+    assert [lm for *_, lm in seen] == pytest.approx([0.8, 0.825, 0.85, 0.875])
     assert all(math.isfinite(v) for v in m.metrics().values())
     assert m.tokens.peer.seq_ratio_mean is not None and m.tokens.rows.kl is not None and m.skipped_frac == 0.0
     assert any(bool((p.detach() != b).any()) for p, b in zip(params, before))

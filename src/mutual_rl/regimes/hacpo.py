@@ -33,8 +33,15 @@ HACPO is a baseline (GRAFT's comparison). As implemented, for receiver ``R``:
   step: ``L_m = 1`` from step 8 on with the defaults, and then ``clip(s, 1, 1) ≡ 1`` gives the peer term no
   gradient for the rest of the run (an ablation: a literal reading of the paper's iteration index, which stops the
   transfer; docs/methods.md).
-- Mini-batches: the rows (pooled groups in ``R``'s prompt order, own rows first in each) split with
-  ``split_rows`` into ``num_mini_batches``.
+- **Row order and mini-batches** (``row_order``): ``own_then_peer`` (default, as the public HACPO code, whose
+  trainer puts the learner's own trajectories first and does not shuffle): ``R``'s own rows (in ``R``'s prompt
+  order) split with ``split_rows`` into ``num_mini_batches``, exactly plain GRPO's mini-batches; then the peer rows
+  (in ``R``'s prompt order, peers in delivery order within a prompt) in further mini-batches of the same size
+  (``ceil(#peer rows / own mini-batch size)`` of them, near-equal). The pooled batch so takes more optimizer
+  updates than GRPO — twice as many with one peer of the same group size (public code: batch 128, mini-batch 64:
+  updates 0–1 own, 2–3 peer, with ``L_m`` 0.85 and 0.875 on the peer updates). ``interleaved`` *(ours, an
+  option only)*: the pooled groups in ``R``'s prompt order, own rows first in each, split with ``split_rows``
+  into ``num_mini_batches`` (every mini-batch mixes own and peer rows; GRPO's update count).
 
 Flows: every peer response whose group pairs with one of ``R``'s groups (by group identity,
 ``regimes.base.pair_peer_groups``: a prompt twice in a batch is two pooled groups) is ``consumed``; the others
@@ -49,11 +56,13 @@ and ``kl`` when a reference is given.
 Constructor arguments (``init_args`` of ``model.regime`` in a config): ``window`` (5), ``floor`` (1e-8), ``ratio_min`` (0.1),
 ``ratio_max`` (10), ``lower_start`` (0.8), ``lower_slope`` (0.025), ``alpha`` (1), ``self_clip_low`` (3e-4),
 ``self_clip_high`` (4e-4), ``log_ratio_clamp`` (10), ``eps`` (1e-6),
-``lower_schedule`` (``update`` | ``step``), ``kl_peer_rows`` (False).
+``lower_schedule`` (``update`` | ``step``), ``kl_peer_rows`` (False), ``row_order`` (``own_then_peer`` |
+``interleaved``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -66,8 +75,21 @@ from mutual_rl.types import TrainingPlan, collate
 from mutual_rl.update.lockstep import max_over_ranks, sum_over_ranks
 
 LOWER_SCHEDULES = ("update", "step")
+ROW_ORDERS = ("own_then_peer", "interleaved")
 
-__all__ = ["HACPO"]
+__all__ = ["HACPO", "own_then_peer_mini_batches"]
+
+
+def own_then_peer_mini_batches(num_own: int, num_peer: int, num_mini_batches: int) -> list[list[int]]:
+    """Mini-batches of rows ``[own rows 0..num_own) + [peer rows num_own..num_own+num_peer)``: the own rows
+    split into ``num_mini_batches`` (as plain GRPO), then the peer rows in ``ceil(num_peer / size)`` near-equal
+    mini-batches with ``size = num_own / (own mini-batches)`` (the public HACPO code's order and count)."""
+    own = split_rows(num_own, num_mini_batches) if num_own else []
+    if not num_peer:
+        return own
+    size = num_own / len(own) if own else num_peer / max(1, num_mini_batches)
+    peer = split_rows(num_peer, math.ceil(num_peer / size - 1e-9))
+    return own + [[num_own + r for r in rows] for rows in peer]
 
 
 @register_regime("hacpo")
@@ -88,6 +110,8 @@ class HACPO(Regime):
             after (1 - lower_start) / lower_slope steps and the peer term then has no gradient).
         kl_peer_rows: apply the KL penalty (algorithm.kl_coef) to peer rows too (default: own rows only, as the
             public HACPO code).
+        row_order: own_then_peer (the public code: own rows in GRPO's mini-batches, then the peer rows in further
+            mini-batches of the same size) or interleaved (ours: pooled groups split into num_mini_batches).
     """
 
     subscribes = ("rollout", "reward")
@@ -96,7 +120,10 @@ class HACPO(Regime):
                  lower_start: float = 0.8, lower_slope: float = 0.025, alpha: float = 1.0,
                  self_clip_low: float = 3e-4, self_clip_high: float = 4e-4, log_ratio_clamp: float = 10.0,
                  eps: float = 1e-6, lower_schedule: Literal["update", "step"] = "update",
-                 kl_peer_rows: bool = False):
+                 kl_peer_rows: bool = False,
+                 row_order: Literal["own_then_peer", "interleaved"] = "own_then_peer"):
+        if row_order not in ROW_ORDERS:
+            raise ValueError(f"hacpo: row_order={row_order!r} is not one of: {', '.join(ROW_ORDERS)}.")
         if lower_schedule not in LOWER_SCHEDULES:
             raise ValueError(f"hacpo: lower_schedule={lower_schedule!r} is not one of: {', '.join(LOWER_SCHEDULES)}.")
         if window < 1:
@@ -108,6 +135,7 @@ class HACPO(Regime):
         self.self_clip_low, self.self_clip_high, self.log_ratio_clamp = self_clip_low, self_clip_high, log_ratio_clamp
         self.eps = eps
         self.lower_schedule, self.kl_peer_rows = lower_schedule, bool(kl_peer_rows)
+        self.row_order = row_order
         self.windows: dict[str, list[tuple[int, float]]] = {}
         self.updates: dict[str, int] = {}
 
@@ -180,10 +208,20 @@ class HACPO(Regime):
                     src_mean += [float(r.logp.double().sum() / max(r.logp.numel(), 1)) for r in pg.rollouts]
                 peer_flags += [s is not None] * len(pg.rollouts)
             caps.append(r_of)
+        adv_all, cap_all = torch.cat(advs), torch.cat(caps)
+        if self.row_order == "own_then_peer":  # a stable reorder: own rows, then peer rows, each in prompt order
+            order = [i for i, p in enumerate(peer_flags) if not p] + [i for i, p in enumerate(peer_flags) if p]
+            rows, src_mean, peer_flags = [rows[i] for i in order], [src_mean[i] for i in order], \
+                [peer_flags[i] for i in order]
+            adv_all, cap_all = adv_all[order], cap_all[order]
+            n_peer = sum(peer_flags)
+            mini_batches = own_then_peer_mini_batches(len(rows) - n_peer, n_peer, num_mini_batches)
+        else:
+            mini_batches = split_rows(len(rows), num_mini_batches)
         batch = collate(
-            rows, torch.cat(advs), receiver.tokenizer.pad_token_id, is_peer=peer_flags,
+            rows, adv_all, receiver.tokenizer.pad_token_id, is_peer=peer_flags,
             needs_old_logp=[False] * len(rows),
-            source_mean_logp=torch.tensor(src_mean, dtype=torch.float32), cap_ratio=torch.cat(caps),
+            source_mean_logp=torch.tensor(src_mean, dtype=torch.float32), cap_ratio=cap_all,
         )
         metrics: dict = {f"capability/{name}": p_r, "L_m_first": lower, "m": float(m),
                          "peer_responses": float(sum(peer_flags))}
@@ -194,5 +232,5 @@ class HACPO(Regime):
                   "lower_m0": m if per_step else 0, "lower_per_update": 0 if per_step else 1, "alpha": self.alpha,
                   "self_clip_low": self.self_clip_low, "self_clip_high": self.self_clip_high,
                   "log_ratio_clamp": self.log_ratio_clamp, "kl_peer_rows": self.kl_peer_rows}
-        return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics, flows=pairing.flows(),
+        return TrainingPlan(batch, mini_batches, metrics=metrics, flows=pairing.flows(),
                             objective="hacpo", objective_kwargs=kwargs, crossed=all_crossed)
