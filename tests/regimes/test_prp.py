@@ -1,4 +1,5 @@
-"""PRP: pooled batch (THL-crossed peers), pooled advantages, both denominators, the prp_tis objective."""
+"""PRP: pooled batch (THL-crossed peers), pooled advantages, both denominators under both objective forms (clip,
+the default, and tis: the prp_tis objective)."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def test_peer_aligned_rows_carry_the_aligned_trace():
     # " 34"+EOS <- ' ','3','4',EOS (-0.2 - 0.4 - 0.6 - 0.8 = -2.0 over 4 char tokens: -0.5 each);
     # "47"+EOS: one word, -6.0 over 3 tokens: -2.0 each.
     recv, own, peers = scenario()
-    plan = get_regime("prp", denominator="peer_aligned", is_cap=3.0).plan(recv, own, peers, 1)
+    assert get_regime("prp", denominator="peer_aligned").plan(recv, own, peers, 1).objective == "dapo"  # clip
+    plan = get_regime("prp", denominator="peer_aligned", objective="tis", is_cap=3.0).plan(recv, own, peers, 1)
     b = plan.batch
     assert b.needs_old_logp.tolist() == [False] * 4
     torch.testing.assert_close(b.old_logp[2, :6], torch.tensor([-0.2, -0.2, -0.5, -0.5, -0.5, -0.5]))
@@ -73,6 +75,55 @@ def test_peer_aligned_rows_carry_the_aligned_trace():
     # span granularity: "12"+" "+"34" per character, identical spans -> the source trace unchanged
     plan = get_regime("prp", denominator="peer_aligned", granularity="span").plan(recv, own, peers, 1)
     torch.testing.assert_close(plan.batch.old_logp[2, :6], torch.tensor([-0.1, -0.3, -0.2, -0.4, -0.6, -0.8]))
+
+
+RHO = [1.5, 0.5, 3.0, 1.0]
+
+
+def one_peer_row(adv: float) -> PolicyBatch:
+    """One peer row of 4 tokens, ``logp = 0`` and ``old_logp = −log ρ`` (so ``ρ = RHO``)."""
+    return PolicyBatch(
+        input_ids=torch.zeros(1, 5, dtype=torch.long), attention_mask=torch.ones(1, 5, dtype=torch.long),
+        response_mask=torch.ones(1, 4), old_logp=-torch.log(torch.tensor([RHO])), advantages=torch.tensor([adv]),
+        weights=torch.ones(1), is_peer=torch.tensor([True]), prompt_ids=[0],
+    )
+
+
+# token-mean over 4 tokens, ε_low 0.2, ε_high 0.28, C = 2. clip: Â = +1 -> -ρ/4 where ρ <= 1.28, else 0 (clipped);
+# Â = -1 -> +ρ/4 where ρ >= 0.8, else 0. tis: -Â·min(ρ, 2)/4 everywhere (the weight is capped, never the direction).
+EXPECTED_GRAD = {
+    ("clip", 1.0): [0.0, -0.125, 0.0, -0.25],
+    ("tis", 1.0): [-0.375, -0.125, -0.5, -0.25],
+    ("clip", -1.0): [0.375, 0.0, 0.75, 0.25],
+    ("tis", -1.0): [0.375, 0.125, 0.5, 0.25],
+}
+
+
+@pytest.mark.parametrize("denominator", ["learner_snapshot", "peer_aligned"])
+@pytest.mark.parametrize("form", ["clip", "tis"])
+@pytest.mark.parametrize("adv", [1.0, -1.0])
+def test_same_objective_form_under_both_denominators_hand_derived(denominator, form, adv):
+    """The denominator decides only the peer rows' old log-probs; the objective form (``objective``) is the same
+    under either, so given the same ratios both denominators give the same gradient (issue 23: Â = +1,
+    ρ = [1.5, .5, 3, 1] -> clip [0, -.125, 0, -.25], tis [-.375, -.125, -.5, -.25])."""
+    recv, own, peers = scenario()
+    kw = {} if form == "clip" else {"objective": "tis"}
+    plan = get_regime("prp", denominator=denominator, **kw).plan(recv, own, peers, 1)
+    assert plan.objective == {"clip": "dapo", "tis": "prp_tis"}[form]
+    assert plan.objective_kwargs == ({} if form == "clip" else {"is_cap": 2.0})
+    peer = plan.batch.is_peer
+    if denominator == "learner_snapshot":  # π_R,old, recomputed by the update
+        assert plan.batch.needs_old_logp.tolist() == peer.tolist()
+    else:  # the aligned trace, kept
+        assert not plan.batch.needs_old_logp.any()
+        assert torch.equal(plan.batch.old_logp[peer], torch.stack([
+            torch.nn.functional.pad(c.source_logp, (0, plan.batch.response_width - len(c.source_logp)))
+            for c in plan.crossed]))
+    logp = torch.zeros(1, 4, requires_grad=True)
+    loss, _ = get_objective(plan.objective)(logp, one_peer_row(adv), **GRPOConfig().loss_kwargs(), token_count=None,
+                                            num_seqs=None, max_len=4, **plan.objective_kwargs)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([EXPECTED_GRAD[(form, adv)]]), rtol=0, atol=1e-7)
 
 
 def test_three_policies_missing_prompts_and_mini_batches_in_prompt_order():
@@ -122,7 +173,7 @@ def test_no_peers_is_plain_grpo_and_all_pass_and_size_one():
 def test_args_validated():
     assert get_regime("prp").subscribes == ("rollout", "reward")
     for kw, msg in (({"denominator": "x"}, "denominator"), ({"granularity": "char"}, "granularity"),
-                    ({"is_cap": 0.0}, "is_cap")):
+                    ({"is_cap": 0.0}, "is_cap"), ({"objective": "ppo"}, "objective='ppo' is not one of: clip, tis")):
         with pytest.raises(ValueError, match=msg):
             get_regime("prp", **kw)
 
@@ -205,17 +256,19 @@ def test_prp_tis_is_micro_batch_invariant(agg):
     assert again.item() == pytest.approx(loss_whole.item(), abs=1e-7)
 
 
+@pytest.mark.parametrize("objective", ["clip", "tis"])
 @pytest.mark.parametrize("denominator", ["learner_snapshot", "peer_aligned"])
-def test_update_on_a_tiny_policy(denominator):
+def test_update_on_a_tiny_policy(denominator, objective):
     """The plan runs through ``update_policy``; learner_snapshot peer ratios are 1 at the first mini-batch, and
-    with ``old_logp = recompute`` peer_aligned still uses the aligned trace (peer rows), not π_R,old."""
+    with ``old_logp = recompute`` peer_aligned still uses the aligned trace (peer rows), not π_R,old; each
+    objective form reports its own peer statistics."""
     from mutual_rl.model.policy import build_policy
     from mutual_rl.model.spec import PolicySpec, WarmStart
     from mutual_rl.update.loop import update_policy
 
     policy = build_policy(PolicySpec(name="r", model="tiny:llama-char", warmstart=WarmStart(steps=5)))
     recv, own, peers = scenario()
-    plan = get_regime("prp", denominator=denominator).plan(policy, own, peers, 1)
+    plan = get_regime("prp", denominator=denominator, objective=objective).plan(policy, own, peers, 1)
     params = [p for p in policy.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     opt = torch.optim.SGD(params, lr=0.01)
@@ -234,4 +287,11 @@ def test_update_on_a_tiny_policy(denominator):
             rho = torch.exp(logp - sub.old_logp)
             mask = sub.response_mask
         assert m.tokens.peer.ratio_mean == pytest.approx(float((rho * mask).sum() / mask.sum()), rel=1e-4)
-        assert m.tokens.peer.is_trunc_frac == pytest.approx(float(((rho > 2.0) * mask).sum() / mask.sum()), abs=1e-6)
+        if objective == "tis":
+            assert m.tokens.peer.is_trunc_frac == pytest.approx(float(((rho > 2.0) * mask).sum() / mask.sum()),
+                                                                abs=1e-6)
+        else:  # the DAPO clip on the same ratios
+            adv = sub.advantages.unsqueeze(-1)
+            high = ((adv > 0) & (rho > 1.28)) * mask
+            assert m.tokens.peer.clip_frac_high == pytest.approx(float(high.sum() / mask.sum()), abs=1e-6)
+            assert m.tokens.peer.is_trunc_frac is None

@@ -16,15 +16,22 @@ As implemented, for receiver ``R`` and each prompt ``q`` of its batch:
 
    - ``learner_snapshot``: ``π_R,old`` on the retokenized response. Peer rows are marked ``needs_old_logp``;
      the update recomputes their old log-probs under ``R`` before its first optimizer step (ratio 1 at the
-     first mini-batch), then the standard ``dapo`` objective applies to every row.
+     first mini-batch).
    - ``peer_aligned``: the behaviour probability of a peer token ``t`` is ``exp(ℓ̃_t)``, the source trace
      aligned onto ``R``'s tokens by the THL (``granularity``, mass-preserving). The rows carry ``ℓ̃`` as their
      ``old_logp`` (the update never recomputes peer rows that are not marked ``needs_old_logp``, whatever
-     ``algorithm.old_logp`` says); the batch's ``is_peer`` selects the rule. Objective
-     ``prp_tis`` (``update/objectives.py``; math in ``algorithms/importance.py``), with ``is_cap``.
+     ``algorithm.old_logp`` says).
+
+   The denominator is the paper's one variable: the **objective form** (``objective``) is chosen separately and
+   applies the same way under either denominator, so comparing the denominators never also compares loss forms.
+   Peer token ratio ``ρ_t = exp(logp_t − old_logp_t)`` with ``old_logp`` the denominator above:
+
+   - ``clip`` (default): the DAPO clipped surrogate (objective ``dapo``) on every row, own and peer alike.
+   - ``tis``: own rows DAPO, peer rows truncated IS (objective ``prp_tis``, ``update/objectives.py``; math in
+     ``algorithms/importance.py``), with ``is_cap``; the batch's ``is_peer`` selects the rows.
 
 Truncated importance sampling *(ours; the paper says "truncated importance weights" without an equation)*,
-objective ``prp_tis``, per peer token with ``ρ_t = exp(clamp(logp_t − ℓ̃_t, ±20))``, ``C = is_cap``::
+objective ``prp_tis``, per peer token with ``ρ_t = exp(clamp(logp_t − old_logp_t, ±20))``, ``C = is_cap``::
 
     ℓ_t = −sg(min(ρ_t, C)) · Â · exp(logp_t − sg(logp_t))      (value −min(ρ_t, C)·Â, gradient −min(ρ_t, C)·Â·∇logp_t)
 
@@ -46,11 +53,12 @@ Metrics of the plan: ``prp/peer_rows`` (peer rows in the batch), ``prp/peer_frac
 ``prp/pool_size`` (mean pooled group size), ``prp/peer_adv_mean`` (mean pooled advantage of the peer rows).
 ``prp_tis`` reports per token ``self/clip_frac_low|high``, ``self/ratio_mean`` (own tokens) and
 ``peer/ratio_mean`` (mean ρ), ``peer/is_abs_dev`` (mean ``|ρ − 1|``), ``peer/is_trunc_frac`` (fraction with
-``ρ > C``) for peer tokens, ``approx_kl`` (k3 to the behaviour, all tokens: peer tokens against ``ℓ̃``) and its
+``ρ > C``) for peer tokens, ``approx_kl`` (k3 to the behaviour, all tokens: peer tokens against their
+denominator, ``ℓ̃`` under ``peer_aligned``) and its
 parts ``self/approx_kl`` (own tokens, against ``π_R,old``: comparable across regimes) and ``peer/approx_kl``.
 
 Constructor arguments (``init_args`` of ``model.regime`` in a config): ``denominator`` (``learner_snapshot`` default | ``peer_aligned``),
-``is_cap`` (C, default 2.0), ``granularity`` (THL alignment for ``peer_aligned``: ``word`` default |
+``objective`` (``clip`` default | ``tis``), ``is_cap`` (C of ``tis``, default 2.0), ``granularity`` (THL alignment for ``peer_aligned``: ``word`` default |
 ``span``), ``eps`` (default 1e-6).
 """
 
@@ -68,6 +76,7 @@ from mutual_rl.thl import GRANULARITIES
 from mutual_rl.types import CrossedRollout, TrainingPlan, collate
 
 DENOMINATORS = ("learner_snapshot", "peer_aligned")
+OBJECTIVES = ("clip", "tis")
 
 
 @register_regime("prp")
@@ -78,8 +87,10 @@ class PRP(Regime):
 
     Args:
         denominator: learner_snapshot (π_R,old on the retokenized response) or peer_aligned
-            (THL-aligned peer trace, truncated IS).
-        is_cap: C, the cap of the truncated importance weight (peer_aligned only; default 2.0).
+            (THL-aligned peer trace): the denominator of the peer rows' token ratio.
+        objective: the loss form on peer rows, the same under either denominator: clip (DAPO clipped surrogate,
+            default) or tis (truncated importance weight, no clip).
+        is_cap: C, the cap of the truncated importance weight (objective tis only; default 2.0).
         granularity: THL alignment granularity for peer_aligned: word (paper) or span.
         eps: ε added to the pooled std (default 1e-6).
     """
@@ -87,9 +98,12 @@ class PRP(Regime):
     subscribes = ("rollout", "reward")
 
     def __init__(self, denominator: Literal["learner_snapshot", "peer_aligned"] = "learner_snapshot",
-                 is_cap: float = 2.0, granularity: Literal["word", "span"] = "word", eps: float = 1e-6):
+                 is_cap: float = 2.0, granularity: Literal["word", "span"] = "word", eps: float = 1e-6,
+                 objective: Literal["clip", "tis"] = "clip"):
         if denominator not in DENOMINATORS:
             raise ValueError(f"prp: denominator={denominator!r} is not one of: {', '.join(DENOMINATORS)}.")
+        if objective not in OBJECTIVES:
+            raise ValueError(f"prp: objective={objective!r} is not one of: {', '.join(OBJECTIVES)}.")
         if granularity not in GRANULARITIES:
             raise ValueError(f"prp: granularity={granularity!r} is not one of: {', '.join(GRANULARITIES)}.")
         if not is_cap > 0:
@@ -97,6 +111,7 @@ class PRP(Regime):
         if eps < 0:
             raise ValueError(f"prp: eps must be >= 0, got {eps}")
         self.denominator = denominator
+        self.objective = objective
         self.is_cap = float(is_cap)
         self.granularity = granularity
         self.eps = float(eps)
@@ -125,7 +140,7 @@ class PRP(Regime):
         batch = collate(rows, torch.cat(advs), receiver.tokenizer.pad_token_id, is_peer=is_peer)
         n_peer = int(is_peer.sum())
         objective, kwargs = "dapo", {}
-        if aligned and n_peer:
+        if self.objective == "tis" and n_peer:
             objective, kwargs = "prp_tis", {"is_cap": self.is_cap}
         pa = torch.cat(peer_adv)
         metrics = {

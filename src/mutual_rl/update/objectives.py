@@ -19,7 +19,7 @@ An objective that does not use a standard argument accepts and ignores it.
 
 The math lives in ``mutual_rl.algorithms`` (pure tensor functions); the objectives here adapt a
 :class:`~mutual_rl.types.PolicyBatch` to it. Every built-in objective is defined in this file, so the registry
-never imports the regimes: ``dapo`` (every regime by default), ``prp_tis`` (PRP ``peer_aligned``), ``hacpo`` and
+never imports the regimes: ``dapo`` (every regime by default), ``prp_tis`` (PRP ``objective: tis``), ``hacpo`` and
 ``ftis`` (F-TIS).
 """
 
@@ -114,10 +114,11 @@ def dapo(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind, to
 @register_objective("prp_tis")
 def prp_tis(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind, token_count, num_seqs, max_len,
             ref_logp=None, update_index: int = 0, is_cap: float = 2.0):
-    """PRP ``peer_aligned`` (docs/methods.md §5.2): DAPO on own rows + truncated IS
-    (:func:`~mutual_rl.algorithms.importance.truncated_is_loss`) against the aligned peer trace on peer rows.
+    """PRP ``objective: tis`` (docs/methods.md §5.2): DAPO on own rows + truncated IS
+    (:func:`~mutual_rl.algorithms.importance.truncated_is_loss`) on peer rows.
 
-    Peer rows (``sub.is_peer``) use their ``old_logp`` (the aligned peer trace) as behaviour log-probs;
+    Peer rows (``sub.is_peer``) use their ``old_logp`` as behaviour log-probs: the aligned peer trace
+    (``denominator: peer_aligned``) or ``π_R,old`` recomputed before the update (``learner_snapshot``);
     the two parts share the global normalisers, so the sum is micro-batch invariant.
     """
     token_count, num_seqs, own_rows, peer_rows = split_own_peer(sub, token_count, num_seqs)
@@ -144,7 +145,7 @@ def prp_tis(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind,
         metrics.update(m)
     with torch.no_grad():
         k3 = kl_penalty(sub.old_logp, logp.detach(), "k3")
-        metrics["approx_kl"] = masked_mean(k3, mask)  # all rows: peer tokens against the aligned peer trace
+        metrics["approx_kl"] = masked_mean(k3, mask)  # all rows: peer tokens against their denominator
         for tag, rows in (("self", own_rows), ("peer", peer_rows)):  # own rows: against R's old policy
             if len(rows):
                 metrics[f"{tag}/approx_kl"] = masked_mean(k3[rows], mask[rows])
