@@ -203,7 +203,9 @@ class NLLTerm:
     """An extra supervised term ``coef · mean_rows[(1/|o|) Σ_t −log π(o_t | q, o_<t)]`` (SGT).
 
     ``mini_batches[i]`` lists the rows of ``batch`` whose NLL is added to the plan's ``i``-th mini-batch
-    (one list per plan mini-batch; the mean is over the rows of that mini-batch).
+    (one list per plan mini-batch). The mean is over *all* the term's rows: mini-batch ``i`` adds
+    ``coef · Σ_{rows of i} NLL / (rows of every mini-batch)``, so a row's weight is ``coef / #rows`` whichever
+    mini-batch holds it (per PPO epoch).
     """
 
     batch: PolicyBatch

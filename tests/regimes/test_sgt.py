@@ -169,7 +169,8 @@ def test_update_moves_parameters_along_minus_grad_nll():
     params = [p for p in policy.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
 
-    # expected: two optimizer steps (one per mini-batch), each SGD on 0.1 · NLL of its own rescued row
+    # expected: two optimizer steps (one per mini-batch), each SGD on 0.1 / 2 · NLL of its own rescued row
+    # (λ / rescued responses of the step, whichever mini-batch holds the row)
     lr = 0.05
     opt = torch.optim.SGD(params, lr=lr)
     expected = []
@@ -177,7 +178,7 @@ def test_update_moves_parameters_along_minus_grad_nll():
         sub = plan.nll.batch.select([row])
         logp, _ = policy.response_logp(sub.input_ids, sub.attention_mask, plan.nll.batch.response_width, 1.0)
         nll = -(logp * sub.response_mask).sum() / sub.response_mask.sum()
-        grads = torch.autograd.grad(0.1 * nll, params, allow_unused=True)
+        grads = torch.autograd.grad(0.1 / 2 * nll, params, allow_unused=True)
         expected.append([torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)])
         if row == 0:  # the second row's gradient is taken after the first step
             with torch.no_grad():
@@ -199,3 +200,39 @@ def test_update_moves_parameters_along_minus_grad_nll():
         torch.testing.assert_close(p.detach(), b0 - lr * (g0 + g1), rtol=0, atol=1e-6)
         changed |= bool((p.detach() != b0).any())
     assert changed
+
+
+@pytest.mark.parametrize("num_mini_batches", [1, 2, 4])
+def test_each_rescued_row_weighs_lambda_over_rescued_wherever_it_falls(num_mini_batches):
+    """λ per rescued row, independent of mini-batch placement: 4 rescued prompts in 4 mini-batches, 2 or 1 all
+    give each rescued row ``λ / 4`` (before the fix a mini-batch divided by its own count: λ per row with 4)."""
+    from mutual_rl.model.policy import build_policy
+    from mutual_rl.model.spec import PolicySpec, WarmStart
+    from mutual_rl.update.config import GRPOConfig
+    from mutual_rl.update.loop import update_policy
+
+    policy = build_policy(PolicySpec(name="r", model="tiny:llama-char", warmstart=WarmStart(steps=5)))
+    own = [make_group("r", q, [0, 0]) for q in range(4)]  # all fail: zero advantages, own rows skipped
+    texts = ["46", "12", "35", "99"]
+    peers = {"s": [make_group("s", q, [1, 0], kind="bpe", texts=[texts[q], "0"]) for q in range(4)]}
+    lam = 0.2
+    plan = get_regime("sgt", coef=lam).plan(policy, own, peers, num_mini_batches)
+    assert plan.metrics["rescued"] == 4.0
+    assert plan.nll.mini_batches == {1: [[0, 1, 2, 3]], 2: [[0, 1], [2, 3]], 4: [[0], [1], [2], [3]]}[num_mini_batches]
+    with torch.no_grad():  # each rescued row's token-mean NLL under the (unchanging: lr 0) policy
+        b = plan.nll.batch
+        logp, _ = policy.response_logp(b.input_ids, b.attention_mask, b.response_width, 1.0)
+        nll = (-(logp * b.response_mask).sum(-1) / b.response_mask.sum(-1)).tolist()
+    params = [p for p in policy.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.0)
+    losses = []  # the NLL term of each mini-batch (the only backward: every own row is skipped)
+
+    def backward(loss):
+        losses.append(float(loss.detach()))
+        loss.backward()
+
+    update_policy(policy, plan, GRPOConfig(num_mini_batches=num_mini_batches), backward=backward,
+                  step_optimizer=opt.step, zero_grad=lambda: opt.zero_grad(set_to_none=True))
+    expected = [lam / 4 * sum(nll[r] for r in rows) for rows in plan.nll.mini_batches]
+    assert losses == pytest.approx(expected, rel=1e-5)
+    assert sum(losses) == pytest.approx(lam * sum(nll) / 4, rel=1e-5)  # the formula: λ · mean over rescued

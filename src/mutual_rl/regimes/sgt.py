@@ -14,10 +14,12 @@ As implemented, for receiver ``R`` and each prompt ``q`` of its batch (success: 
 4. **Loss.** ``L_R = L_GRPO + λ · mean_{rescued o} [ (1/|o^R|) Σ_t −log π_R(o^R_t | q, o^R_<t) ]``, ``λ = coef``
    *(ours: token-mean per response, then mean over the rescued responses)*. ``L_GRPO`` is ``R``'s unchanged own
    GRPO batch (``own_batch``, DAPO objective, ``split_rows`` mini-batches). The NLL term is a
-   :class:`~mutual_rl.regimes.base.NLLTerm`: each rescued response's row goes to the mini-batch that holds
-   the first row of ``R``'s own group for ``q``, and each optimizer step adds ``λ ·`` the mean NLL over the
-   rescued rows of its own mini-batch *(ours; with one mini-batch this is exactly the formula above)*. The
-   NLL log-probs use the policy's sampling temperature, as every log-prob of the update does.
+   :class:`~mutual_rl.types.NLLTerm`: each rescued response's row goes to the mini-batch that holds
+   the first row of ``R``'s own group for ``q``, and each optimizer step adds ``λ / (rescued responses this
+   step) ·`` the sum of the NLLs of the rescued rows of its own mini-batch: every rescued response weighs
+   ``λ / #rescued`` however the rows fall into mini-batches (4 rescued prompts in 4 mini-batches or in 1: each
+   ``λ / 4``), and over the step the terms add up to exactly the formula above. The NLL log-probs use the
+   policy's sampling temperature, as every log-prob of the update does.
 
 Applies in every direction and for any number of policies (with no peer groups delivered it is plain GRPO and
 ``nll`` is None; the module refuses a sharing regime on a single policy unless a recorded peer is replayed).
