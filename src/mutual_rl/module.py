@@ -70,6 +70,7 @@ class MutualRLModule(LightningModule):
         cache_dir: str | None = None,
         reward_timeout_s: float = 5.0,
         reward_errors: Literal["raise", "skip"] = "raise",
+        reward_isolation: Literal["custom", "all", "none"] = "custom",
         prompt_overflow: Literal["error", "truncate"] = "error",
         thl_residual_every_n_steps: int = 10,
         num_threads: int | None = None,
@@ -106,6 +107,9 @@ class MutualRLModule(LightningModule):
                 does: raise (stop with an error naming the reward, the completion and the answer) or
                 skip (score it 0.0 and count it in <policy>/reward_errors / <policy>/reward_timeouts,
                 logged per step). math-verify timeouts always score 0.0 and are counted.
+            reward_isolation: where rewards run: custom (package.module:function rewards in a worker process of
+                their own, killed on timeout; registered rewards in this process), all, or none
+                (mutual_rl.rewards.isolation).
             prompt_overflow: a prompt whose tokens plus a policy's sampling.max_new_tokens exceed that
                 policy's context length (model config max_position_embeddings/n_positions, else the
                 tokenizer's model_max_length), checked over the train and held-out prompts when the policies are
@@ -165,6 +169,10 @@ class MutualRLModule(LightningModule):
         check_reward_settings(reward_timeout_s, reward_errors)
         check_prompt_overflow_mode(prompt_overflow)
         self.reward_timeout_s, self.reward_errors = reward_timeout_s, reward_errors
+        from mutual_rl.rewards.isolation import check_isolation
+
+        check_isolation(reward_isolation)
+        self.reward_isolation = reward_isolation
         self.prompt_overflow = prompt_overflow
         if thl_residual_every_n_steps < 0:
             raise ValueError(f"model.thl_residual_every_n_steps must be >= 0 (0 = never), got {thl_residual_every_n_steps}.")
@@ -191,7 +199,8 @@ class MutualRLModule(LightningModule):
                 eval_max_new_tokens=self.evaluation.max_new_tokens,
                 val_problems=list(dm.val_problems()) if hasattr(dm, "val_problems") else [])
         name = self.reward_name or getattr(task, "default_reward", "integer_match")
-        self.reward_fn = build_reward(name, timeout_s=self.reward_timeout_s, errors=self.reward_errors)
+        self.reward_fn = build_reward(name, timeout_s=self.reward_timeout_s, errors=self.reward_errors,
+                                      isolation=self.reward_isolation)
         self.evaluator = Evaluator(self.evaluation, self.reward_fn, self.engine)
 
     def configure_optimizers(self):

@@ -1,14 +1,20 @@
 """Rewards that hang or fail, as a run meets them.
 
-The rewards below are given to the module as ``package.module:function`` names, like a user's own reward.
+The rewards (:mod:`tests.rewards.bad_rewards`) are given to the module as ``package.module:function`` names, like a
+user's own reward, so they run in a worker process (``model.reward_isolation: custom``).
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from mutual_rl.model.spec import PolicySpec, SamplingSpec, WarmStart
 from mutual_rl.module import MutualRLModule
@@ -17,28 +23,7 @@ from mutual_rl.stats import flatten
 from mutual_rl.step.pipeline import StepContext, sample_policy
 from mutual_rl.types import Problem, PromptBatch, Rollout
 
-HERE = "tests.reliability.test_bad_rewards"
-
-
-def sleep_forever(completion: str, answer: str) -> float:
-    while True:
-        time.sleep(60)
-
-
-def raises(completion: str, answer: str) -> float:
-    raise KeyError(answer)
-
-
-def returns_none(completion: str, answer: str):
-    return None
-
-
-def returns_nan(completion: str, answer: str) -> float:
-    return float("nan")
-
-
-def returns_abc(completion: str, answer: str):
-    return "abc"
+HERE = "tests.rewards.bad_rewards"  # standard library only: each worker (re)start imports it
 
 
 def _spec(name: str = "char", n: int = 2, max_new_tokens: int = 5) -> PolicySpec:
@@ -151,3 +136,74 @@ def test_math_verify_timeouts_are_counted_per_policy(preset_cache):
         verifier_for(0.5).close()
     assert (metrics["reward_timeouts"], metrics["reward_errors"]) == (1.0, 0.0)  # counted, not raised
     assert groups[0].rewards.tolist() == [0.0, 1.0]
+
+
+# ------------------------------------------------------ rewards that would take the trainer with them (issue 24)
+REPO = Path(__file__).resolve().parents[2]
+MUTUAL_RL = Path(sys.executable).with_name("mutual-rl")  # the console script: no working directory on sys.path
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _fit(tmp_path: Path, reward: str, cwd: Path, **model) -> subprocess.CompletedProcess:
+    """``mutual-rl fit`` (the console script) for 1 step of one tiny policy, in ``cwd``, outputs under ``out``."""
+    cfg = {"trainer": {"logger": False, "enable_progress_bar": False, "enable_model_summary": False,
+                       "default_root_dir": "out", "max_steps": 1},
+           "model": {"policies": [{"name": "char", "model": "tiny:llama-char", "warmstart": {"steps": 0},
+                                   "sampling": {"n": 2, "max_new_tokens": 4}}],
+                     "reward": reward, "export_dir": "out/export", "log_samples_every_n_steps": 0,
+                     "eval_at_start": False, **model},
+           "data": {"task": {"operators": ["+"], "digits": 1, "num_train": 40, "num_heldout": 4}, "batch_size": 2,
+                    "val_batch_size": 4, "val_per_skill": 1}}
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
+           "MUTUAL_RL_TEST_PIDS": str(tmp_path / "pids")}
+    return subprocess.run([str(MUTUAL_RL), "fit", "--config", str(path)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("fn", "what"), [("exits_0", "raised SystemExit(0)"), ("exits_3", "raised SystemExit(3)")])
+def test_a_reward_that_calls_sys_exit_ends_the_run_with_an_error_naming_it(tmp_path, fn, what):
+    out = _fit(tmp_path, f"{HERE}:{fn}", cwd=tmp_path)
+    assert out.returncode == 1, out.stderr[-3000:]  # not 0 (a scheduler's success), not the reward's 3
+    assert (f"RewardError: reward '{HERE}:{fn}' {what} (policy 'char', prompt " in out.stderr), out.stderr[-3000:]
+    assert not (tmp_path / "out" / "export").exists()
+
+
+@pytest.mark.slow
+def test_a_reward_whose_pool_hangs_ends_the_run_and_leaves_no_process(tmp_path):
+    (tmp_path / "pids").touch()
+    out = _fit(tmp_path, f"{HERE}:pool_hangs", cwd=tmp_path, reward_timeout_s=1.0)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert f"RewardError: reward '{HERE}:pool_hangs' did not return within 1 s" in out.stderr, out.stderr[-3000:]
+    pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    assert len(pids) == 3  # the reward's worker and its pool's two processes
+    deadline = time.monotonic() + 5
+    while any(map(_running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if _running(p)]
+
+
+@pytest.mark.slow
+def test_a_reward_module_in_the_working_directory_that_chdirs_moves_no_output(tmp_path):
+    """The issue's two holes in one run of the console script: a reward module that is a file in the working
+    directory (found as ``python -m`` would), and a reward that ``os.chdir``s, run in the trainer's process
+    (``reward_isolation: none``): the export (written relative to the working directory) stays under it."""
+    away = tmp_path / "away"
+    away.mkdir()
+    (tmp_path / "my_chdir_reward.py").write_text(
+        f"import os\n\ndef parity(completion, answer):\n    os.chdir({str(away)!r})\n"
+        "    return float(len(completion) % 2 == 0)\n")
+    out = _fit(tmp_path, "my_chdir_reward:parity", cwd=tmp_path, reward_isolation="none")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"reward 'my_chdir_reward:parity' changed the working directory to {str(away)!r}" in out.stderr
+    assert (tmp_path / "out" / "export" / "char" / "config.json").is_file()
+    assert list(away.iterdir()) == []

@@ -30,19 +30,28 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from mutual_rl.rewards.base import RewardFn, RewardResult
+from mutual_rl.rewards.isolation import IsolatedReward, RewardFatal, RewardRaised
+from mutual_rl.rewards.reward_worker import FORKED_CHILD_EXIT
 
 log = logging.getLogger(__name__)
 
 REWARD_ERROR_MODES = ("raise", "skip")
 DEFAULT_TIMEOUT_S = 5.0
 PREVIEW_CHARS = 200
+
+
+FATAL_FIX = ("a reward must return a number: it may not end its process (sys.exit, os._exit, KeyboardInterrupt) "
+             "and must end the processes it starts before it returns (e.g. `with multiprocessing.Pool() as pool:`; "
+             "no fork whose child returns); this stops the run whatever model.reward_errors says")
 
 
 class RewardError(ValueError):
@@ -129,6 +138,64 @@ def call_with_time_limit(fn: Callable, args: tuple, timeout_s: float | None):
         raise TimeoutError(f"no result within {timeout_s:g} s") from None
 
 
+_cwd_warned: set[str] = set()
+
+
+def call_reward(fn: Callable, args: tuple, kwargs: dict, timeout_s: float | None, name: str = ""):
+    """``fn(*args, **kwargs)`` under ``timeout_s`` (``TimeoutError`` past it), where the reward runs: in its worker
+    process for an :class:`~mutual_rl.rewards.isolation.IsolatedReward`, else in this process (module docstring).
+
+    A reward may not take the trainer with it. In process: a ``SystemExit``, ``KeyboardInterrupt`` or other
+    ``BaseException`` raises :class:`~mutual_rl.rewards.isolation.RewardFatal`; a working directory changed by the
+    call is put back (warned once per reward); a forked child that returns out of the reward exits at once
+    (code 70), so that it never runs the trainer. In a worker: :mod:`mutual_rl.rewards.isolation`.
+    """
+    if isinstance(fn, IsolatedReward):
+        return fn.call(args, kwargs, timeout_s)
+    pid = os.getpid()
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = None
+    try:
+        return call_with_time_limit(partial(fn, **kwargs) if kwargs else fn, args, timeout_s)
+    except (Exception, _RewardTimeout):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt: the reward would end the run
+        code = f"({exc.code!r})" if isinstance(exc, SystemExit) else ""
+        also = " (or Ctrl-C was pressed during the call)" if isinstance(exc, KeyboardInterrupt) else ""
+        raise RewardFatal(f"raised {type(exc).__name__}{code}{also}") from exc
+    finally:
+        if os.getpid() != pid:  # a fork of the reward came back out of it: it must not run the trainer
+            os.write(2, f"mutual-rl: a forked child of reward {name!r} returned from the reward; it exits "
+                        f"(code {FORKED_CHILD_EXIT}).\n".encode())
+            os._exit(FORKED_CHILD_EXIT)
+        if cwd is not None and _cwd_changed(cwd):
+            moved = _getcwd()
+            os.chdir(cwd)
+            if name not in _cwd_warned:
+                _cwd_warned.add(name)
+                log.warning("reward %r changed the working directory to %r; put back to %r after each call (a "
+                            "reward must not chdir: checkpoints and exports are written relative to it).",
+                            name, moved, cwd)
+
+
+def _getcwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
+def _cwd_changed(cwd: str) -> bool:
+    return _getcwd() != cwd
+
+
+def _exc_name(exc: BaseException) -> str:
+    """The type name of a reward's exception (the worker's, for one raised there)."""
+    return exc.type_name if isinstance(exc, RewardRaised) else type(exc).__name__
+
+
 def _finite_number(value) -> float | None:
     """``float(value)`` if ``value`` is a finite real number (module docstring), else ``None``."""
     if value is None or isinstance(value, (str, bytes)):
@@ -186,11 +253,13 @@ class GuardedReward:
             return float(result.value), "ok"
         t0 = time.monotonic()
         try:
-            value = call_with_time_limit(self.fn, (completion, answer), self.timeout_s)
+            value = call_reward(self.fn, (completion, answer), {}, self.timeout_s, self.name)
         except TimeoutError:
             return self._fail("timeout", f"did not return within {self.timeout_s:g} s", completion, answer, where)
+        except RewardFatal as exc:  # never skipped: the reward tried to end its process or left processes behind
+            raise RewardError(self._message("fatal", str(exc), completion, answer, where)) from exc
         except Exception as exc:  # noqa: BLE001 - any failure of user code becomes one named error
-            return self._fail("error", f"raised {type(exc).__name__}: {exc}", completion, answer, where, exc)
+            return self._fail("error", f"raised {_exc_name(exc)}: {exc}", completion, answer, where, exc)
         elapsed = time.monotonic() - t0
         if self.timeout_s is not None and elapsed > self.timeout_s:
             # the call returned, but late: it (or a library it uses) replaced or cancelled our SIGALRM timer
@@ -226,6 +295,9 @@ class GuardedReward:
 
     def _message(self, kind: str, what: str, completion, answer, where: str) -> str:
         counter = "reward_timeouts" if kind == "timeout" else "reward_errors"
+        if kind == "fatal":
+            return (f"reward {self.name!r} {what}{f' ({where})' if where else ''} on completion "
+                    f"{preview(completion)} with answer {preview(answer)}; {FATAL_FIX}.")
         if self._self_limited is not None:
             fix = "raise model.reward_timeout_s if correct answers take this long to verify"
         elif kind == "timeout":

@@ -34,18 +34,20 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import TYPE_CHECKING
 
 from mutual_rl.rewards.guard import (
     DEFAULT_TIMEOUT_S,
+    FATAL_FIX,
     RewardCounts,
     RewardError,
+    _exc_name,
     _finite_number,
-    call_with_time_limit,
+    call_reward,
     check_reward_settings,
     preview,
 )
+from mutual_rl.rewards.isolation import RewardFatal
 
 if TYPE_CHECKING:
     from mutual_rl.types import Problem
@@ -121,12 +123,16 @@ class GuardedBatchReward:
         limit = None if self.timeout_s is None else self.timeout_s * max(n, 1)
         t0 = time.monotonic()
         try:
-            value = call_with_time_limit(partial(self.fn, **kwargs), (), limit)
+            value = call_reward(self.fn, (), kwargs, limit, self.name)
         except TimeoutError:
             return self._fail("timeout", f"did not return within {limit:g} s ({n} completions x "
                               f"{self.timeout_s:g} s)", problem, n, where)
+        except RewardFatal as exc:  # never skipped: the reward tried to end its process or left processes behind
+            raise RewardError(f"reward {self.name!r} {exc}{f' ({where})' if where else ''} on the {n} completions "
+                              f"of prompt {preview(problem.problem)} with answer {preview(problem.answer)}; "
+                              f"{FATAL_FIX}.") from exc
         except Exception as exc:  # noqa: BLE001 - any failure of user code becomes one named error
-            return self._fail("error", f"raised {type(exc).__name__}: {exc}", problem, n, where, exc)
+            return self._fail("error", f"raised {_exc_name(exc)}: {exc}", problem, n, where, exc)
         elapsed = time.monotonic() - t0
         if limit is not None and elapsed > limit:
             return self._fail("timeout", f"returned after {elapsed:.1f} s, past its limit of {limit:g} s (it "

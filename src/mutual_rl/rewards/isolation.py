@@ -1,0 +1,212 @@
+"""Rewards run in a worker process of their own: :class:`IsolatedReward` (``model.reward_isolation``).
+
+A reward is the user's code, run thousands of times in the trainer's process: a ``sys.exit``, a fork whose child
+returns, a ``multiprocessing.Pool`` left behind or an ``os.chdir`` would take the trainer with it. An isolated reward
+is called in a **worker process** (:mod:`mutual_rl.rewards.reward_worker`):
+
+* a fresh interpreter (``subprocess``, not ``fork``: none of the trainer's state, threads or signal handlers, Lightning's
+  SIGTERM handler included), in a **session and process group of its own**, started on the reward's first call and
+  shared by every guard of the same ``module:function`` in this process; it imports the function with the trainer's
+  ``sys.path`` and working directory;
+* each call sends the arguments over a socket pair and waits at most the guard's time limit; past it, the worker's
+  whole process group (the worker, its pools, its forks) is killed with ``SIGKILL`` and reaped, the call is a
+  timeout, and the next call starts a new worker (paying the start-up again: Python, plus the reward module's
+  imports);
+* a ``SystemExit``/``KeyboardInterrupt`` in the reward, a worker that dies during a call, or child processes still
+  running after the call returned (killed at once) raise :class:`RewardFatal`, which the guards turn into a
+  :class:`~mutual_rl.rewards.guard.RewardError` naming the reward in **both** error modes: such a reward is broken,
+  not a wrong completion;
+* the worker's process group is killed with ``SIGKILL`` at :func:`close_workers` and at the trainer's exit; if the
+  trainer dies without exiting cleanly (``kill -9``), the worker's watchdog kills its own group within 0.2 s.
+
+The cost, measured by ``scripts/bench_reward_isolation.py``: one round trip per call (README, "Custom reward
+contract"). The function itself is imported in the trainer too (to check that it is a Python function and read its
+signature), but only called in the worker.
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from mutual_rl.rewards.base import RewardFn
+
+ISOLATION_MODES = ("custom", "all", "none")
+"""``model.reward_isolation``: custom (``package.module:function`` rewards in a worker, registered names in process),
+all (every reward in a worker, but ``math_verify``, which has its own), none (every reward in process)."""
+STARTUP_TIMEOUT_S = 120.0
+WORKER_SCRIPT = Path(__file__).with_name("reward_worker.py")
+
+
+class RewardFatal(Exception):
+    """A reward tried to end its process or left processes behind (module docstring): never skipped."""
+
+
+class RewardRaised(Exception):
+    """A reward raised ``type_name: text`` in its worker process; ``traceback`` is the worker's."""
+
+    def __init__(self, type_name: str, text: str, traceback: str):
+        super().__init__(text)
+        self.type_name, self.traceback = type_name, traceback
+        self.add_note(f"in the reward's worker process:\n{traceback.rstrip()}")
+
+
+def check_isolation(mode: str) -> None:
+    if mode not in ISOLATION_MODES:
+        raise ValueError(f"model.reward_isolation must be one of {', '.join(ISOLATION_MODES)} (got {mode!r}): "
+                         "custom runs package.module:function rewards in a worker process and registered rewards in "
+                         "the trainer, all runs every reward in a worker, none runs every reward in the trainer.")
+
+
+class _Worker:
+    """One worker process running ``module:attr`` (module docstring)."""
+
+    def __init__(self, module: str, attr: str):
+        self.module, self.attr = module, attr
+        self.label = f"{module}:{attr}"
+        self.proc: subprocess.Popen | None = None
+        self.conn: Connection | None = None
+        self.lock = threading.Lock()
+        self.starts = 0
+
+    def _start(self) -> None:
+        ours, theirs = socket.socketpair()
+        try:
+            proc = subprocess.Popen([sys.executable, str(WORKER_SCRIPT), str(theirs.fileno())],
+                                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            theirs.close()
+        self.proc, self.conn, self.starts = proc, Connection(ours.detach()), self.starts + 1
+        self.conn.send((self.module, self.attr, list(sys.path), os.getcwd()))
+        if not self.conn.poll(STARTUP_TIMEOUT_S):
+            self.kill()
+            raise RewardFatal(f"its worker process did not import it within {STARTUP_TIMEOUT_S:g} s")
+        try:
+            status, text = self.conn.recv()
+        except (EOFError, OSError):
+            code = self.kill()
+            raise RewardFatal(f"its worker process ended ({code}) while importing it") from None
+        if status != "ready":
+            self.kill()
+            raise RewardFatal(text)
+
+    def kill(self) -> str:
+        """SIGKILL the worker's process group and reap the worker; how it ended, in words."""
+        proc, conn, self.proc, self.conn = self.proc, self.conn, None, None
+        if conn is not None:
+            conn.close()
+        if proc is None:
+            return "not started"
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        code = proc.wait()
+        return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+    def call(self, args: tuple, kwargs: dict, timeout_s: float | None):
+        with self.lock:
+            if self.proc is not None and self.proc.poll() is not None:
+                self.kill()
+            if self.proc is None:
+                self._start()
+            try:
+                self.conn.send((args, kwargs))
+                done = self.conn.poll(timeout_s)
+                reply = self.conn.recv() if done else None
+            except (EOFError, OSError):
+                raise RewardFatal(f"ended its worker process ({self.kill()}) during the call") from None
+            if not done:
+                self.kill()  # the whole process group, hard: a hung reward, its pools and its forks
+                raise TimeoutError(f"no result within {timeout_s:g} s")
+        status = reply[0]
+        if status == "ok":
+            return reply[1]
+        if status == "raised":
+            raise RewardRaised(*reply[1:])
+        if status == "unpicklable":
+            return _Unsendable(*reply[1:])
+        self.kill()  # fatal: start afresh, nothing of the broken call survives
+        raise RewardFatal(reply[1])
+
+
+class _Unsendable:
+    """A value the worker could not send back: shown as its ``repr`` and type (never a number)."""
+
+    def __init__(self, text: str, type_name: str):
+        self.text, self.type_name = text, type_name
+
+    def __repr__(self) -> str:
+        return f"{self.text} ({self.type_name}, which cannot be sent back from the reward's worker process)"
+
+
+_WORKERS: dict[tuple[str, str], _Worker] = {}
+_WORKERS_PID = os.getpid()
+_WORKERS_LOCK = threading.Lock()
+
+
+def _worker(module: str, attr: str) -> _Worker:
+    global _WORKERS_PID
+    with _WORKERS_LOCK:
+        if _WORKERS_PID != os.getpid():  # a forked trainer process: the parent's workers are not ours
+            _WORKERS.clear()
+            _WORKERS_PID = os.getpid()
+        return _WORKERS.setdefault((module, attr), _Worker(module, attr))
+
+
+def close_workers() -> None:
+    """Kill every reward worker of this process (their process groups, with SIGKILL); later calls start new ones."""
+    with _WORKERS_LOCK:
+        workers = list(_WORKERS.values()) if _WORKERS_PID == os.getpid() else []
+    for w in workers:
+        with w.lock:
+            w.kill()
+
+
+atexit.register(close_workers)
+
+
+class IsolatedReward:
+    """``fn``, called in a worker process (module docstring); same ``__name__`` and signature as ``fn``.
+
+    Args:
+        fn: a Python function, importable as ``fn.__module__:fn.__qualname__`` (or as ``spec``).
+        spec: ``"package.module:function"`` (default: from ``fn``).
+    """
+
+    def __init__(self, fn: RewardFn, spec: str | None = None):
+        if spec is None:
+            spec = f"{fn.__module__}:{fn.__qualname__}"
+        module, _, attr = spec.partition(":")
+        self.fn, self.spec, self.module, self.attr = fn, spec, module, attr
+        self.__name__ = getattr(fn, "__name__", attr)
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self.__signature__ = inspect.signature(fn)
+
+    def call(self, args: tuple, kwargs: dict, timeout_s: float | None):
+        """``fn(*args, **kwargs)`` in the worker: its value; ``TimeoutError`` past ``timeout_s``;
+        :class:`RewardRaised` for its exception; :class:`RewardFatal` (module docstring)."""
+        return _worker(self.module, self.attr).call(args, kwargs, timeout_s)
+
+    def __call__(self, *args, **kwargs):
+        return self.call(args, kwargs, None)
+
+    def close(self) -> None:
+        """Kill this reward's worker (a later call starts a new one)."""
+        w = _worker(self.module, self.attr)
+        with w.lock:
+            w.kill()
+
+    def __repr__(self) -> str:
+        return f"IsolatedReward({self.spec!r})"
+
+
+__all__ = ["ISOLATION_MODES", "IsolatedReward", "RewardFatal", "RewardRaised", "check_isolation", "close_workers"]
