@@ -3,7 +3,9 @@
 Registered names: ``integer_match`` (strict integer exact match, the built-in task's reward),
 ``boxed_integer_match``, ``last_integer`` (lenient), ``boxed_format``, ``math_verify`` (math-verify in a
 worker process with a hard time limit). Resolve a name once with :func:`get_reward`; a run calls it through
-:class:`GuardedReward` (a time limit per call, results checked; :mod:`mutual_rl.rewards.guard`).
+:class:`GuardedReward` (a time limit per call, results checked; :mod:`mutual_rl.rewards.guard`). Your own
+``package.module:function`` rewards run in a worker process of their own (:class:`IsolatedReward`,
+:mod:`mutual_rl.rewards.isolation`; ``model.reward_isolation``).
 
 TRL-style functions ``f(prompts, completions, **columns) -> list[float | None]`` are called once per group through
 :class:`GuardedBatchReward` (:mod:`mutual_rl.rewards.trl_style`); ``model.reward`` may be a weighted list of
@@ -28,6 +30,7 @@ from mutual_rl.rewards.integer import (
     integer_match_with_info,
     last_integer,
 )
+from mutual_rl.rewards.isolation import IsolatedReward, close_workers
 from mutual_rl.rewards.trl_style import GuardedBatchReward, reward_style
 from mutual_rl.rewards.verify import MathVerifier, math_verify, math_verify_with_info
 
@@ -35,6 +38,7 @@ __all__ = [
     "GroupScore",
     "GuardedBatchReward",
     "GuardedReward",
+    "IsolatedReward",
     "MathVerifier",
     "Reward",
     "RewardError",
@@ -47,6 +51,7 @@ __all__ = [
     "boxed_integer_match",
     "build_reward",
     "check_reward_settings",
+    "close_workers",
     "get_reward",
     "integer_match",
     "integer_match_with_info",

@@ -12,7 +12,15 @@ With ``errors="raise"`` a timeout or an error raises :class:`RewardError`, namin
 With ``errors="skip"`` the reward is 0.0 and the call is counted (:attr:`GuardedReward.counts`); the first
 error and the first timeout of each guard are logged at WARNING with the full message.
 
-The time limit, in the main thread where ``SIGALRM`` exists: a ``setitimer`` alarm whose handler raises inside
+A fourth ending is never skipped: a reward that tries to end its process (``SystemExit``, ``KeyboardInterrupt``,
+``os._exit`` in its worker), or leaves child processes running after it returned, raises :class:`RewardError` in
+both modes (:func:`call_reward`; :mod:`mutual_rl.rewards.isolation`).
+
+Where ``fn`` runs: an :class:`~mutual_rl.rewards.isolation.IsolatedReward` (``package.module:function`` rewards,
+by default) in its worker process, whose whole process group is killed with ``SIGKILL`` past ``timeout_s``; any
+other function in this process, as follows.
+
+The time limit, in process, in the main thread where ``SIGALRM`` exists: a ``setitimer`` alarm whose handler raises inside
 ``fn`` (it interrupts Python code and sleeps; a C call that never returns to Python is interrupted only when it
 does). If another alarm is already armed (``getitimer`` non-zero), or in any other thread, ``fn`` runs in a daemon
 thread that is waited for at most ``timeout_s``: on timeout that thread is abandoned, still running (Python

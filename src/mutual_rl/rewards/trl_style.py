@@ -18,8 +18,9 @@ It returns one entry per completion (a list, tuple, or 1-d array/tensor): a fini
 :mod:`mutual_rl.rewards.combined` and in the term's logged mean; as the first term it is not correct.
 
 Time limit: the run's ``model.reward_timeout_s`` per completion, so a call on ``n`` completions may take ``n`` times
-that; the mechanism is :class:`~mutual_rl.rewards.guard.GuardedReward`'s (alarm in the main thread, else a waited-for
-thread). A call that raises, times out, or returns the wrong number of entries or an entry that is not a finite
+that; the mechanism is :class:`~mutual_rl.rewards.guard.GuardedReward`'s (a ``package.module:function`` reward runs in
+its worker process, killed past the limit: :mod:`mutual_rl.rewards.isolation`; in process, an alarm in the main
+thread, else a waited-for thread). A call that raises, times out, or returns the wrong number of entries or an entry that is not a finite
 number or ``None`` is a failed call: with ``errors="raise"`` a ``RewardError`` naming the function, where, the prompt
 and the answer; with ``errors="skip"`` every completion of the call scores 0.0 and each is counted (so
 ``reward_errors`` / ``reward_timeouts`` count completions, as for text-style rewards).
