@@ -33,6 +33,8 @@ REGIMES = [
     ("graft", {"delta": 0.0}),
     ("hacpo", {}),
     ("ftis", {}),
+    ("graft", {"update_rule": "hacpo"}),  # GRAFT §6.3's cross rules
+    ("graft", {"update_rule": "sgt"}),
 ]
 
 

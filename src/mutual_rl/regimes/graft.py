@@ -61,11 +61,35 @@ TensorBoard histogram ``<receiver>/compat_s``; and the gate split by the peer re
 (admitted / evaluated among the evaluated successes / failures; absent on a step that evaluated none of that
 kind, so the log shows a gap).
 
+**Cross rules** (GRAFT §6.3: "applying either update rule to our selected prompts"; ``update_rule``): the
+*which* of GRAFT (steps 1-3: candidates, balancing, the source per prompt) with another *how*:
+
+- ``graft`` (default): steps 4-6 above.
+- ``hacpo``: HACPO's update (``regimes/hacpo.py``, docs/methods.md §5.6) with the pooled groups restricted to the
+  selected prompts: ``R``'s group for a selected ``q`` is pooled with the chosen source's whole group, every other
+  prompt keeps ``R``'s own group alone (its HACPO advantage is then GRPO's); capability-weighted baseline,
+  sequence-level ratios, the ``L_m`` peer clip, own rows first and peer rows in further mini-batches, the
+  ``hacpo`` objective. The capability windows observe every delivered group, as HACPO's do. No compatibility
+  weight, no source advantages. Flows: the chosen group ``consumed`` whole.
+- ``sgt``: SGT's update (``regimes/sgt.py``, §5.4) on the selected prompts: ``R``'s own batch unchanged (DAPO) plus
+  ``λ ·`` the NLL of one success drawn (seeded, uniformly) from the chosen source's group for each selected
+  ``q``, ``λ / #rescued`` per response. Flows: the drawn success ``consumed``, the group's other successes
+  ``not_drawn``, its failures ``not_success``.
+
+``rule_args`` are the init arguments of that rule's regime (HACPO's or SGT's: e.g. ``{coef: 0.1}`` for SGT's λ);
+``peer_last``, ``compatibility`` and ``transfer`` belong to GRAFT's own how and are refused with another rule.
+Metrics: the selection's (``candidates/…``, ``candidates_reverse/…``, ``selected/…``, ``rescued/<S>``,
+``transferred_groups``, ``transferred_responses``, ``transferred_responses/<S>``) and the rule's own
+(HACPO: ``capability/…``, ``L_m_first``, …; SGT: ``rescued``, ``gate_rate``, ``all_fail_frac``); no
+``compat_s`` (nothing is scored). With ``hacpo`` the regime's state is HACPO's (capability windows, step count).
+
 Constructor arguments (``init_args`` of ``model.regime`` in a config): ``delta`` (δ, 0.8), ``balance`` (True;
 False in stored-peer mode), ``policy_order`` (None), ``logp_batch_size`` (rows per receiver forward pass of the
 compatibility evaluation, 16; 0 = all at once), ``peer_last`` (``in_batch`` | ``none``),
-``compatibility`` (``weighted`` | ``off``), ``transfer`` (``group`` | ``successes``); the ablation configs are
-``configs/graft_no_peer_last.yaml``, ``graft_no_compat.yaml`` and ``graft_successes.yaml``.
+``compatibility`` (``weighted`` | ``off``), ``transfer`` (``group`` | ``successes``), ``update_rule`` (``graft`` |
+``hacpo`` | ``sgt``), ``rule_args`` (None); the ablation configs are ``configs/graft_no_peer_last.yaml``,
+``graft_no_compat.yaml`` and ``graft_successes.yaml``, the cross rules ``configs/graft_hacpo_rule.yaml`` and
+``graft_sgt_rule.yaml``.
 """
 
 from __future__ import annotations
@@ -79,11 +103,14 @@ import torch
 
 from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_logp, receiver_prompt_ids
+from mutual_rl.regimes.hacpo import HACPO
+from mutual_rl.regimes.sgt import SGT
 from mutual_rl.types import ScoredGroup, TrainingPlan, collate
 
 PEER_LAST = ("in_batch", "none")
 COMPATIBILITY = ("weighted", "off")
 TRANSFER = ("group", "successes")
+UPDATE_RULES = ("graft", "hacpo", "sgt")
 
 __all__ = ["GRAFT", "balanced_candidates", "candidate_prompts", "compatibility_score", "compatibility_weight"]
 
@@ -191,6 +218,9 @@ class GRAFT(Regime):
             response gets w = 1 and none is dropped by the floor; s is still computed and logged).
         transfer: group (the paper: the source group whole, successes and failures) | successes (ablation: only
             the source group's successes, each with its source advantage; failures dropped as not_success).
+        update_rule: graft (the paper's how) | hacpo | sgt (GRAFT §6.3: HACPO's or SGT's update rule applied to
+            the prompts GRAFT selects).
+        rule_args: init arguments of the hacpo / sgt rule's regime (e.g. {coef: 0.1} for SGT's λ).
     """
 
     subscribes = ("rollout", "reward", "advantage")
@@ -198,12 +228,32 @@ class GRAFT(Regime):
     def __init__(self, delta: float = 0.8, balance: bool = True, policy_order: list[str] | None = None,
                  logp_batch_size: int = 16, peer_last: Literal["in_batch", "none"] = "in_batch",
                  compatibility: Literal["weighted", "off"] = "weighted",
-                 transfer: Literal["group", "successes"] = "group"):
+                 transfer: Literal["group", "successes"] = "group",
+                 update_rule: Literal["graft", "hacpo", "sgt"] = "graft", rule_args: dict | None = None):
         for name, value, choices in (("peer_last", peer_last, PEER_LAST),
                                      ("compatibility", compatibility, COMPATIBILITY),
-                                     ("transfer", transfer, TRANSFER)):
+                                     ("transfer", transfer, TRANSFER),
+                                     ("update_rule", update_rule, UPDATE_RULES)):
             if value not in choices:
                 raise ValueError(f"graft: {name}={value!r} is not one of: {', '.join(choices)}.")
+        self.update_rule = update_rule
+        self._rule: HACPO | SGT | None = None
+        if update_rule == "graft":
+            if rule_args:
+                raise ValueError(f"graft: rule_args={rule_args!r} applies to update_rule hacpo or sgt only; remove "
+                                 "it or set update_rule.")
+        else:
+            own_how = [f"{n}={v!r}" for n, v, d in (("peer_last", peer_last, "in_batch"),
+                                                     ("compatibility", compatibility, "weighted"),
+                                                     ("transfer", transfer, "group")) if v != d]
+            if own_how:
+                raise ValueError(f"graft: {', '.join(own_how)} belongs to GRAFT's own update rule and does not apply "
+                                 f"with update_rule={update_rule!r}; remove it.")
+            try:
+                self._rule = (HACPO if update_rule == "hacpo" else SGT)(**dict(rule_args or {}))
+            except TypeError as e:
+                raise ValueError(f"graft: rule_args={rule_args!r} are not arguments of the {update_rule} rule: {e}") \
+                    from None
         self.peer_last, self.compatibility, self.transfer = peer_last, compatibility, transfer
         if delta < 0:
             raise ValueError(f"graft: delta must be >= 0, got {delta}")
@@ -213,6 +263,13 @@ class GRAFT(Regime):
         self.balance = bool(balance)
         self.policy_order = list(policy_order) if policy_order is not None else None
         self.logp_batch_size = int(logp_batch_size)
+
+    def state_dict(self) -> dict:
+        return {"rule": self._rule.state_dict()} if self._rule is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self._rule is not None and "rule" in state:
+            self._rule.load_state_dict(state["rule"])
 
     def _source_order(self, peers: Mapping[str, Sequence[ScoredGroup]]) -> list[str]:
         names = list(peers)
@@ -232,6 +289,9 @@ class GRAFT(Regime):
                 peer_by[src][key] = g
         metrics: dict = {}
         selection = self._select(own_by, peer_by, order, metrics)
+        if self._rule is not None:
+            return self._cross_rule(receiver, own, peers, pairing, peer_by, order, selection, metrics,
+                                    num_mini_batches)
         graft = self._graft(receiver, own, own_by, peer_by, selection.chosen)
         flows = _flows(peers, pairing, peer_by, selection, graft.dropped)
         for src in order:
@@ -256,6 +316,38 @@ class GRAFT(Regime):
             metrics["compat_s_max"] = float(s_all.max())
         return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, objective="dapo", crossed=graft.crossed,
                             histograms={"compat_s": s_all})
+
+    def _cross_rule(self, receiver, own, peers, pairing, peer_by, order, selection: _Selection, metrics,
+                    num_mini_batches) -> TrainingPlan:
+        """GRAFT §6.3: HACPO's or SGT's update on the selected prompts (module docstring, "Cross rules")."""
+        rule, thr = self._rule, self.success_threshold
+        rule.success_threshold = thr
+        selected: dict[str, list[ScoredGroup]] = {src: [] for src in peers}
+        dropped: dict[str, dict] = {src: {} for src in peer_by}
+        for g in own:
+            q = group_key(g)
+            if q not in selection.chosen:
+                continue
+            src = selection.chosen[q]
+            pg = peer_by[src][q]
+            # keyed to the receiver group it was paired with, so the rule pairs it with that group again
+            selected[src].append(dataclasses.replace(pg, group_id=q[1]))
+            k = _successes(pg, thr)
+            dropped[src][q] = {"not_drawn": k - 1, "not_success": len(pg.rollouts) - k} \
+                if self.update_rule == "sgt" else {}
+        if self.update_rule == "hacpo":
+            sub = rule.plan(receiver, own, selected, num_mini_batches, observed=peers)
+        else:
+            sub = rule.plan(receiver, own, selected, num_mini_batches)
+        for src in order:
+            groups = selected.get(src, [])
+            metrics[f"rescued/{src}"] = float(len(groups))
+            metrics[f"transferred_responses/{src}"] = float(
+                sum(len(g.rollouts) for g in groups) if self.update_rule == "hacpo" else len(groups))
+        metrics["transferred_groups"] = float(len(selection.chosen))
+        metrics["transferred_responses"] = float(sum(metrics[f"transferred_responses/{src}"] for src in order))
+        return dataclasses.replace(sub, metrics={**sub.metrics, **metrics},
+                                   flows=_flows(peers, pairing, peer_by, selection, dropped))
 
     def _select(self, own_by, peer_by, order, metrics) -> _Selection:
         """Steps 1-3: candidates per source, balancing, and one source per receiver group (N > 2)."""

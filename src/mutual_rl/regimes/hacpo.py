@@ -173,10 +173,12 @@ class HACPO(Regime):
         return max(mean, self.floor)
 
     # ----------------------------------------------------------------------------------------------- plan
-    def plan(self, receiver, own, peers, num_mini_batches):
+    def plan(self, receiver, own, peers, num_mini_batches, *, observed=None):
+        """``observed``: the peer groups the capability windows see (default: ``peers``); GRAFT's "HACPO rule"
+        pools only the prompts GRAFT selects but measures capability on every delivered group."""
         name = receiver.name
         self.observe(name, own)
-        for src, gs in peers.items():
+        for src, gs in (peers if observed is None else observed).items():
             self.observe(src, gs)
         p_r = self.capability(name)
         ratio = {src: capability_ratio(p_r, self.capability(src), self.floor, self.ratio_min, self.ratio_max)
