@@ -7,7 +7,8 @@ HACPO is a baseline (GRAFT's comparison). As implemented, for receiver ``R``:
   prompt ``R`` has no group for are dropped (``no_own_group``).
 - **Capability** ``P_k``: rolling mean over the last ``window`` (5) training steps of policy ``k``'s
   positive-reward rate, the fraction of its responses with ``reward > success_threshold`` (0) among the groups
-  ``R`` owns (``k = R``) or received from ``k`` this step; *(ours)* the current step is included, and steps are
+  ``R`` owns (``k = R``) or received from ``k`` this step; the current step is included (as the public HACPO code,
+  which adds a step's rewards to the window before that step's advantages); *(ours)* steps are
   identified by ``Rollout.step``: seeing a step again replaces its entry (a replanned step is counted once). A policy that
   delivered nothing this step keeps its window. ``P_k`` is floored at ``1e-8``; ``ratio_k = clip(P_R / P_k,
   0.1, 10)`` (own rows: 1). The windows are regime state (``state_dict``).
