@@ -175,7 +175,7 @@ def test_a_reward_that_calls_sys_exit_ends_the_run_with_an_error_naming_it(tmp_p
     out = _fit(tmp_path, f"{HERE}:{fn}", cwd=tmp_path)
     assert out.returncode == 1, out.stderr[-3000:]  # not 0 (a scheduler's success), not the reward's 3
     assert (f"RewardError: reward '{HERE}:{fn}' {what} (policy 'char', prompt " in out.stderr), out.stderr[-3000:]
-    assert not (tmp_path / "out" / "export").exists()
+    assert not (tmp_path / "out" / "export" / "char").exists()  # stopped before the end of fit
 
 
 @pytest.mark.slow

@@ -221,3 +221,16 @@ def test_the_worker_imports_with_the_trainers_path_and_directory(tmp_path, monke
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
     reward = build_reward("cwd_isolated_reward:where")
     assert reward("a", "b") == float(_worker_pid(reward)) != float(os.getpid())
+
+
+def test_a_reward_its_worker_cannot_import_is_one_error_naming_it(tmp_path, monkeypatch):
+    """Importable in the trainer (found there first), gone when the worker starts: one error, with the fix."""
+    (tmp_path / "vanishing_reward.py").write_text("def f(completion, answer):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reward = build_reward("vanishing_reward:f", errors="skip")
+    (tmp_path / "vanishing_reward.py").unlink()
+    with pytest.raises(RewardError) as e:
+        reward("a", "b")
+    assert str(e.value).startswith("reward 'vanishing_reward:f' could not be imported by its worker process "
+                                   "(ModuleNotFoundError: No module named 'vanishing_reward') on completion 'a'")
+    assert "with the trainer's sys.path and working directory" in str(e.value)

@@ -265,7 +265,7 @@ class GuardedReward:
         except TimeoutError:
             return self._fail("timeout", f"did not return within {self.timeout_s:g} s", completion, answer, where)
         except RewardFatal as exc:  # never skipped: the reward tried to end its process or left processes behind
-            raise RewardError(self._message("fatal", str(exc), completion, answer, where)) from exc
+            raise RewardError(self._message("fatal", str(exc), completion, answer, where, exc.fix)) from exc
         except Exception as exc:  # noqa: BLE001 - any failure of user code becomes one named error
             return self._fail("error", f"raised {_exc_name(exc)}: {exc}", completion, answer, where, exc)
         elapsed = time.monotonic() - t0
@@ -301,11 +301,11 @@ class GuardedReward:
             log.warning("%s Scored 0.0 and counted in <policy>/reward_%ss (only the first such call is logged).",
                         message, kind)
 
-    def _message(self, kind: str, what: str, completion, answer, where: str) -> str:
+    def _message(self, kind: str, what: str, completion, answer, where: str, fix: str | None = None) -> str:
         counter = "reward_timeouts" if kind == "timeout" else "reward_errors"
         if kind == "fatal":
             return (f"reward {self.name!r} {what}{f' ({where})' if where else ''} on completion "
-                    f"{preview(completion)} with answer {preview(answer)}; {FATAL_FIX}.")
+                    f"{preview(completion)} with answer {preview(answer)}; {fix or FATAL_FIX}.")
         if self._self_limited is not None:
             fix = "raise model.reward_timeout_s if correct answers take this long to verify"
         elif kind == "timeout":

@@ -48,7 +48,17 @@ WORKER_SCRIPT = Path(__file__).with_name("reward_worker.py")
 
 
 class RewardFatal(Exception):
-    """A reward tried to end its process or left processes behind (module docstring): never skipped."""
+    """A reward tried to end its process, left processes behind, or its worker could not import it (module
+    docstring): never skipped. ``fix``: what to do, when it is not the guards' default advice."""
+
+    def __init__(self, what: str, fix: str | None = None):
+        super().__init__(what)
+        self.fix = fix
+
+
+IMPORT_FIX = ("the worker imports the reward's module afresh, with the trainer's sys.path and working directory: "
+              "make it importable there, with no top-level code that needs the trainer's state, or set "
+              "model.reward_isolation: none to call it in the trainer's process")
 
 
 class RewardRaised(Exception):
@@ -86,18 +96,18 @@ class _Worker:
         finally:
             theirs.close()
         self.proc, self.conn, self.starts = proc, Connection(ours.detach()), self.starts + 1
-        self.conn.send((self.module, self.attr, list(sys.path), os.getcwd()))
-        if not self.conn.poll(STARTUP_TIMEOUT_S):
-            self.kill()
-            raise RewardFatal(f"its worker process did not import it within {STARTUP_TIMEOUT_S:g} s")
         try:
-            status, text = self.conn.recv()
+            self.conn.send((self.module, self.attr, list(sys.path), os.getcwd()))
+            ready = self.conn.poll(STARTUP_TIMEOUT_S)
+            status, text = self.conn.recv() if ready else ("error", "")
         except (EOFError, OSError):
-            code = self.kill()
-            raise RewardFatal(f"its worker process ended ({code}) while importing it") from None
+            raise RewardFatal(f"ended its worker process ({self.kill()}) while it was imported", IMPORT_FIX) from None
+        if not ready:
+            self.kill()
+            raise RewardFatal(f"was not imported by its worker process within {STARTUP_TIMEOUT_S:g} s", IMPORT_FIX)
         if status != "ready":
             self.kill()
-            raise RewardFatal(text)
+            raise RewardFatal(text, IMPORT_FIX)
 
     def kill(self) -> str:
         """SIGKILL the worker's process group and reap the worker; how it ended, in words."""

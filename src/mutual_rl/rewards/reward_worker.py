@@ -96,8 +96,7 @@ def main(fd: int) -> None:
     try:
         fn = getattr(importlib.import_module(module), attr)
     except BaseException as exc:  # noqa: BLE001 - reported to the trainer, which names the reward
-        conn.send(("error", f"cannot import {attr!r} from {module!r} in the reward's worker process: "
-                            f"{type(exc).__name__}: {exc}"))
+        conn.send(("error", f"could not be imported by its worker process ({type(exc).__name__}: {exc})"))
         return
     conn.send(("ready", ""))
     me = os.getpid()

@@ -131,7 +131,7 @@ class GuardedBatchReward:
         except RewardFatal as exc:  # never skipped: the reward tried to end its process or left processes behind
             raise RewardError(f"reward {self.name!r} {exc}{f' ({where})' if where else ''} on the {n} completions "
                               f"of prompt {preview(problem.problem)} with answer {preview(problem.answer)}; "
-                              f"{FATAL_FIX}.") from exc
+                              f"{exc.fix or FATAL_FIX}.") from exc
         except Exception as exc:  # noqa: BLE001 - any failure of user code becomes one named error
             return self._fail("error", f"raised {_exc_name(exc)}: {exc}", problem, n, where, exc)
         elapsed = time.monotonic() - t0
