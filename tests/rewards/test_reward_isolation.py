@@ -234,3 +234,22 @@ def test_a_reward_its_worker_cannot_import_is_one_error_naming_it(tmp_path, monk
     assert str(e.value).startswith("reward 'vanishing_reward:f' could not be imported by its worker process "
                                    "(ModuleNotFoundError: No module named 'vanishing_reward') on completion 'a'")
     assert "with the trainer's sys.path and working directory" in str(e.value)
+
+
+def test_an_interrupted_wait_kills_the_worker_so_no_stale_answer_is_read(monkeypatch):
+    """Ctrl-C in the trainer while it waits: the worker is killed, the next call gets its own answer."""
+    from mutual_rl.rewards import isolation
+
+    reward = build_reward(f"{BAD}:parity")
+    assert reward("ab", "x") == 1.0
+    pid = _worker_pid(reward)
+
+    def interrupted(self, timeout=None):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(isolation.Connection, "poll", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            reward("ab", "x")  # answered 1.0 in the worker, never read
+    _assert_gone([pid], within_s=0.5)
+    assert reward("abc", "x") == 0.0  # not the stale 1.0

@@ -135,6 +135,9 @@ class _Worker:
                 reply = self.conn.recv() if done else None
             except (EOFError, OSError):
                 raise RewardFatal(f"ended its worker process ({self.kill()}) during the call") from None
+            except BaseException:  # e.g. Ctrl-C while waiting: the worker's answer would answer the next call
+                self.kill()
+                raise
             if not done:
                 self.kill()  # the whole process group, hard: a hung reward, its pools and its forks
                 raise TimeoutError(f"no result within {timeout_s:g} s")
