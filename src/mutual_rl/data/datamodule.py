@@ -2,7 +2,13 @@
 
 Per split, one source: ``train_files`` or ``train_dataset`` (else the task's train split), ``val_files`` or
 ``val_dataset`` (else the task's held-out split, or none when the training prompts come from files or a dataset).
-Giving both a files list and a dataset for one split is an error. Rows of files and datasets follow the rules of
+Giving both a files list and a dataset for one split is an error.
+
+Held-out evaluation is turned off with ``trainer.limit_val_batches: 0`` (no evaluation before the first step nor
+during training). Otherwise an empty held-out set is an error at set-up naming its source (``data.val_files`` that
+hold no row, a ``data.val_dataset`` with no row, a task with ``num_heldout: 0``), and ``data.val_per_skill`` must be
+>= 1 (or null: every held-out prompt); training prompts from files or a dataset with no held-out source is the
+one case without evaluation, and it warns once. Rows of files and datasets follow the rules of
 :mod:`mutual_rl.data.files` and :mod:`mutual_rl.data.hf_datasets` (one column mapping, ``problem_key`` /
 ``answer_key`` / ``skill_key`` / ``answer_regex``, for every source); training rows are numbered from 10**9,
 held-out rows from 2 * 10**9.
@@ -19,6 +25,7 @@ the next unseen batch even though Lightning prefetches one batch ahead.
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Iterator
 
 from lightning.pytorch import LightningDataModule
@@ -94,7 +101,8 @@ class PromptDataModule(LightningDataModule):
                 '####\\s*(.+)').
             batch_size: prompts per training step.
             val_batch_size: prompts per evaluation batch.
-            val_per_skill: evaluate on at most this many held-out prompts per skill (default: all).
+            val_per_skill: evaluate on at most this many held-out prompts per skill, >= 1 (default: all). To turn
+                evaluation off set trainer.limit_val_batches: 0.
             seed: seed of the training order.
         """
         super().__init__()
@@ -102,6 +110,10 @@ class PromptDataModule(LightningDataModule):
             raise ValueError(f"data.batch_size must be >= 1 (got {batch_size}).")
         if val_batch_size < 1:
             raise ValueError(f"data.val_batch_size must be >= 1 (got {val_batch_size}).")
+        if val_per_skill is not None and (isinstance(val_per_skill, bool) or val_per_skill < 1):
+            raise ValueError(f"data.val_per_skill must be >= 1, or null for every held-out prompt (got "
+                             f"{val_per_skill!r}): with it no held-out prompt would be evaluated. To turn evaluation "
+                             "off, set trainer.limit_val_batches: 0.")
         for split, files, dataset in (("train", train_files, train_dataset), ("val", val_files, val_dataset)):
             if files and dataset is not None:
                 raise ValueError(f"data.{split}_files and data.{split}_dataset are both given: choose one source "
@@ -135,16 +147,22 @@ class PromptDataModule(LightningDataModule):
         return self._train
 
     def val_problems(self) -> list[Problem]:
+        """The held-out problems (``val_per_skill`` per skill at most); an empty set is an error naming its source
+        unless evaluation is off (module docstring)."""
         if self._val is None:
             if self.val_dataset is not None:
                 val = load_dataset_problems(self.val_dataset, id_offset=2 * 10**9, label="data.val_dataset",
                                             **self.keys)
+                source = f"data.val_dataset {self.val_dataset.describe()} has no row"
             elif self.val_files:
                 val = self._load(self.val_files, 2 * 10**9)
+                source = f"data.val_files {self.val_files} hold no row"
             elif self.task is not None:
                 val = self.task.heldout_problems()
+                source = (f"data.task ({type(self.task).__name__}) has no held-out problem (num_heldout: "
+                          f"{getattr(self.task, 'num_heldout', '?')})")
             else:
-                val = []
+                val, source = [], None
             if self.val_per_skill is not None:
                 seen: dict[str, int] = {}
                 kept = []
@@ -153,8 +171,21 @@ class PromptDataModule(LightningDataModule):
                     if seen[p.skill] <= self.val_per_skill:
                         kept.append(p)
                 val = kept
+            if not val and not self._evaluation_off():
+                if source is not None:
+                    raise ValueError(f"the held-out set is empty: {source}, so no evaluation would run. Give "
+                                     "held-out prompts, or turn evaluation off with trainer.limit_val_batches: 0.")
+                warnings.warn("no held-out prompts: the training prompts come from data.train_files or "
+                              "data.train_dataset and neither data.val_files nor data.val_dataset is set, so no "
+                              "evaluation runs. Set one of them, or trainer.limit_val_batches: 0 to say so.",
+                              UserWarning, stacklevel=2)
             self._val = val
         return self._val
+
+    def _evaluation_off(self) -> bool:
+        """Whether the attached trainer evaluates nothing (``limit_val_batches: 0``); False without a trainer."""
+        trainer = getattr(self, "trainer", None)
+        return trainer is not None and getattr(trainer, "limit_val_batches", None) == 0
 
     def _load(self, files: list[str], offset: int) -> list[Problem]:
         out: list[Problem] = []

@@ -7,10 +7,14 @@ Formats (by extension, case-insensitive):
   1-based line number. A line that is not valid JSON raises ``ValueError`` naming the file and the line.
 * ``.json``: a JSON array of objects if the first non-blank character is ``[``, otherwise JSON lines as above;
   array rows are numbered 1-based.
-* ``.parquet``: via ``pyarrow`` (optional: ``pip install pyarrow``); rows numbered 1-based.
+* ``.parquet``: via ``pyarrow`` (optional: ``pip install pyarrow``); rows numbered 1-based. A file pyarrow cannot
+  read as Parquet (not Parquet, truncated, corrupt) raises ``ValueError`` naming the file and pyarrow's reason.
 
 JSON and JSONL files must be UTF-8 (a leading byte-order mark is allowed and dropped); bytes that are not UTF-8
-raise ``ValueError`` naming the file, the line and the byte position in that line of the first bad byte.
+raise ``ValueError`` naming the file, the line and the byte position in that line of the first bad byte. A string
+holding a lone UTF-16 surrogate (JSON ``"\\ud800"`` without its pair: no character, so it cannot be encoded,
+tokenized or logged) raises ``ValueError`` naming the file, the line (array row) and the field; a pair
+(``"\\ud83d\\ude00"``) is the one character it encodes.
 
 Each row must be an object with a non-empty string ``problem_key`` field and a non-empty ``answer_key`` field
 (a string, or a finite number converted with ``str``; a float with an integer value such as ``46.0`` becomes
@@ -56,6 +60,43 @@ def _read_utf8(path: Path) -> str:
         ) from None
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(value: Any, field: str = "") -> tuple[str, str, int] | None:
+    """(field, the surrogate, its 1-based character position; 0 when it is in a key) of the first string in
+    ``value`` (nested lists and objects too) that holds a lone UTF-16 surrogate; ``None`` if there is none."""
+    if isinstance(value, str):
+        m = _SURROGATE.search(value)
+        return None if m is None else (field, m.group(), m.start() + 1)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        name = f"{field}[{key}]" if isinstance(key, int) else f"{field}.{key}" if field else key
+        m = _SURROGATE.search(key) if isinstance(key, str) else None
+        found = (name, m.group(), 0) if m is not None else _lone_surrogate(item, name)
+        if found is not None:
+            return found
+    return None
+
+
+def _checked_text(path: Path, where: str, row: Any, raw: str) -> Any:
+    """``row`` unchanged; a lone surrogate in it raises ``ValueError`` naming the file, the row and the field. Only
+    a ``\\u`` escape in the raw JSON can make one (the text itself is valid UTF-8), so rows without one cost a
+    substring search."""
+    if "\\u" in raw:
+        found = _lone_surrogate(row)
+        if found is not None:
+            field, char, index = found
+            at = f"at character {index}" if index else "in its name"
+            raise ValueError(
+                f"{path}: {where}: field {field!r} holds a lone UTF-16 surrogate {ascii(char)} ({at}), which "
+                "is no character: it cannot be encoded as UTF-8, tokenized or logged. Fix the row: write the "
+                "character itself, or a surrogate pair (e.g. \"\\ud83d\\ude00\" for U+1F600); drop a stray "
+                "escape."
+            )
+    return row
+
+
 def _iter_json(path: Path) -> Iterator[tuple[int, Any]]:
     text = _read_utf8(path)
     if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
@@ -63,17 +104,19 @@ def _iter_json(path: Path) -> Iterator[tuple[int, Any]]:
             rows = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not valid JSON ({exc})") from None
-        yield from enumerate(rows, start=1)
+        for num, row in enumerate(rows, start=1):
+            yield num, _checked_text(path, f"row {num}", row, text)
         return
     for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            yield lineno, json.loads(line)
+            row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(
                 f"{path}: line {lineno} is not valid JSON ({exc.msg}); each line must be one JSON object"
             ) from None
+        yield lineno, _checked_text(path, f"line {lineno}", row, line)
 
 
 def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
@@ -81,7 +124,17 @@ def _iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
         import pyarrow.parquet as pq
     except ImportError:
         raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from None
-    yield from enumerate(pq.read_table(path).to_pylist(), start=1)
+    import pyarrow as pa
+
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(
+            f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc}). Give a Parquet file (e.g. written "
+            "by pandas DataFrame.to_parquet or pyarrow.parquet.write_table), or a .jsonl file with one JSON object "
+            "per line; check that the file was copied completely."
+        ) from None
+    yield from enumerate(rows, start=1)
 
 
 def _answer_text(value: Any) -> str | None:
