@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 
 import torch
 from torch import nn
@@ -213,6 +214,7 @@ def _enable_gradient_checkpointing(spec: PolicySpec, model) -> None:
 def _add_lora(model, spec: PolicySpec):
     from peft import LoraConfig, get_peft_model
 
+    check_lora_targets(model, spec)
     cfg = LoraConfig(
         r=spec.lora.r, lora_alpha=spec.lora.alpha, lora_dropout=spec.lora.dropout,
         target_modules=spec.lora.target_modules, task_type="CAUSAL_LM",
@@ -223,3 +225,58 @@ def _add_lora(model, spec: PolicySpec):
 def build_policy(spec: PolicySpec, task=None, cache_dir=None, needs_reference: bool = False) -> Policy:
     model, tokenizer = load_model_and_tokenizer(spec, task, cache_dir)
     return Policy(spec, model, tokenizer, needs_reference=needs_reference)
+
+
+def _adaptable_types() -> tuple[type, ...]:
+    """Layer types peft's LoRA adapts (transformers' ``Conv1D`` is GPT-2's linear layer)."""
+    types: list[type] = [torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d]
+    try:
+        from transformers.pytorch_utils import Conv1D
+
+        types.append(Conv1D)
+    except ImportError:  # pragma: no cover - transformers always has it
+        pass
+    return tuple(types)
+
+
+def check_lora_targets(model, spec: PolicySpec) -> None:
+    """Every ``lora.target_modules`` entry names a layer of ``model`` that LoRA can adapt, by peft's rule (a list
+    entry matches a module whose name is the entry or ends with ``.<entry>``; a string other than ``all-linear``
+    is a regular expression the whole name must match). peft itself only fails when *no* entry matches, and then
+    without naming the policy or the layers: a misspelt entry next to a good one was silently ignored. Else
+    ``ValueError`` naming the policy, the entries that match nothing and the linear layers the model has."""
+    targets = spec.lora.target_modules
+    if targets == "all-linear":
+        return
+    kinds = _adaptable_types()
+    names = [(name, module) for name, module in model.named_modules() if name]
+    adaptable = [name for name, module in names if isinstance(module, kinds)]
+    if isinstance(targets, str):
+        try:
+            missing = [] if any(re.fullmatch(targets, name) for name in adaptable) else [targets]
+        except re.error as err:
+            raise ValueError(f"policy {spec.name!r}: lora.target_modules {targets!r} is not a valid regular "
+                             f"expression ({err}); give a list of layer names instead, e.g. [q_proj, v_proj]."
+                             ) from None
+        rule = ("a string is a regular expression that the whole module name must match (e.g. '.*q_proj'); a list "
+                "such as [q_proj, v_proj] matches by the names' last part")
+    else:
+        if not targets:
+            raise ValueError(f"policy {spec.name!r}: lora.target_modules is empty; name the layers to adapt, or "
+                             "use all-linear.")
+        missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in adaptable)]
+        rule = "each entry is the last part(s) of a module name, e.g. q_proj or self_attn.q_proj"
+    if not missing:
+        return
+    linear = tuple(k for k in kinds if k is nn.Linear or k.__name__ == "Conv1D")  # where LoRA usually goes
+    leaves = sorted({name.rsplit(".", 1)[-1] for name, module in names if isinstance(module, linear)})
+    other = [t for t in missing if isinstance(targets, list)
+             and any(n == t or n.endswith("." + t) for n, _ in names)]
+    note = (f" ({', '.join(repr(t) for t in other)} {'is' if len(other) == 1 else 'are'} not a linear, embedding "
+            "or convolution layer)" if other else "")
+    raise ValueError(
+        f"policy {spec.name!r}: lora.target_modules {', '.join(repr(t) for t in missing)} "
+        f"{'matches' if len(missing) == 1 else 'match'} no layer LoRA can adapt in {spec.model} "
+        f"({type(model).__name__}){note}; {rule}. Its linear layers: {', '.join(leaves) or 'none'}. Fix "
+        "lora.target_modules, or use all-linear (every linear layer but the output head)."
+    )
