@@ -23,9 +23,11 @@ Where each function runs (``isolation``, ``model.reward_isolation``): ``custom``
 registered rewards in the trainer's process; ``all`` calls the registered ones in a worker too; ``none`` calls every
 reward in the trainer's process (a ``SystemExit`` is still a ``RewardError`` and a changed working directory is put
 back, but a fork or a pool is not contained). A call in a worker costs one round trip: 0.2-0.5 ms instead of
-0.02-0.05 ms in process (5-14x, ``scripts/bench_reward_isolation.py`` on 2 busy CPUs), i.e. 13-27 ms per 64
-completions, against a step of seconds; the worker starts in ~0.1 s plus the reward module's imports. ``math_verify`` always runs in its own
-worker (:mod:`mutual_rl.rewards.verify`).
+0.02-0.08 ms in process (5-14x, ``scripts/bench_reward_isolation.py`` on 2 busy CPUs), i.e. 13-27 ms per 64
+completions, within the noise of sampling those 64 completions with the smallest preset (~0.2 s on one CPU thread);
+the worker starts in ~0.1 s plus the reward module's imports. ``math_verify`` always runs in its own worker
+(:mod:`mutual_rl.rewards.verify`). Registered rewards stay in process by default: they are this package's code
+(no exit, fork or chdir), and in process they cost 5-14x less per call.
 
 Evaluation: a sample is correct iff the **first** term's value is > 0 (list the accuracy term first; a ``None`` is
 not correct); maj@k extracts answers with the first term's rule (:mod:`mutual_rl.evaluation.answers`, by name).

@@ -20,7 +20,7 @@ is called in a **worker process** (:mod:`mutual_rl.rewards.reward_worker`):
   trainer dies without exiting cleanly (``kill -9``), the worker's watchdog kills its own group within 0.2 s.
 
 The cost, measured by ``scripts/bench_reward_isolation.py`` (2 busy CPUs): one round trip per call, 0.2-0.5 ms
-against 0.02-0.05 ms in process (5-14x), 13-27 ms per 64 completions; the worker's start-up ~0.07 s plus the reward
+against 0.02-0.08 ms in process (5-14x), 13-27 ms per 64 completions; the worker's start-up ~0.1 s plus the reward
 module's imports (seconds for a module that imports torch: keep a reward module light). The function itself is imported in the trainer too (to check that it is a Python function and read its
 signature), but only called in the worker.
 """
