@@ -1,7 +1,8 @@
 """GRAFT's ablations as options of the regime: no compatibility weight (``compatibility="off"``), successes only
 (``transfer="successes"``), no peer-last order (``peer_last="none"``, also in tests/regimes/test_graft.py), and
 the gate's admitted fraction split by the peer response's reward. Hand-derived expectations on small synthetic
-groups, then two trainer steps of each ablation."""
+groups, then two trainer steps of each ablation, under a reward that makes GRAFT's candidates common: every plan
+whose selection (recomputed here) is non-empty must graft, and every run must graft something."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import pytest
 import torch
 
 from mutual_rl.regimes import get_regime
-from mutual_rl.regimes.graft import GRAFT
+from mutual_rl.regimes.base import group_key
+from mutual_rl.regimes.graft import GRAFT, balanced_candidates, candidate_prompts
+from mutual_rl.rewards import register_reward
+from mutual_rl.rewards.base import available_rewards
 from tests.regimes.scenario import FakeReceiver, make_group
 from tests.regimes.test_graft import F, P, _three, assert_flows, const_receiver, peer_rows, row_texts
 
@@ -163,6 +167,29 @@ def test_bad_ablation_choices():
 
 
 # ------------------------------------------------------------------------------------------ trainer
+if "test_len_mod4" not in available_rewards():
+
+    @register_reward("test_len_mod4")
+    def _len_mod4(completion: str, answer: str) -> float:
+        """Test-only reward: 1 iff the response length is a multiple of 4 (about one response in four succeeds, so
+        all-fail groups next to a peer's mixed group, GRAFT's candidates, are common)."""
+        return float(len(completion) % 4 == 0)
+
+
+def _selected(regime: GRAFT, own, peers) -> int:
+    """Receiver groups GRAFT's rule selects for this plan (candidates, balancing; any source), computed here."""
+    thr = regime.success_threshold
+    own_by = {group_key(g): g for g in own if g.rollouts}
+    chosen = set()
+    for groups in peers.values():
+        peer_by = {group_key(g): g for g in groups if g.rollouts}
+        cands = candidate_prompts(own_by, peer_by, thr)
+        kept = balanced_candidates(cands, len(candidate_prompts(peer_by, own_by, thr))) if regime.balance \
+            else set(cands)
+        chosen |= kept
+    return len(chosen)
+
+
 ABLATIONS = [
     {"peer_last": "none", "delta": 0.0},
     {"compatibility": "off", "balance": False},
@@ -186,8 +213,16 @@ def test_ablation_two_trainer_steps(args, tmp_path, monkeypatch):
         return plan
 
     monkeypatch.setattr(GRAFT, "plan", recording)
-    m, rec, ex, before = run(tmp_path, "graft", args, lora=False, trio=True)
+    m, rec, ex, before = run(tmp_path, "graft", args, lora=False, trio=True, reward="test_len_mod4")
     assert len(rec.rows) == 2 and len(plans) == 2 * 3
+    # every ablation admits every evaluated response of a selected group (δ = 0, or no compatibility weight), so a
+    # plan whose selection is non-empty must graft; and the run must graft something (a dead path fails here)
+    selected = [_selected(regime, own, peers) for regime, own, peers, _ in plans]
+    for n, (*_, plan) in zip(selected, plans):
+        assert plan.metrics["transferred_groups"] == n
+        if n:
+            assert plan.metrics["transferred_responses"] >= n and int(plan.batch.is_peer.sum()) >= n
+    assert sum(selected) >= 1, selected
     for regime, own, peers, plan in plans:
         assert all(getattr(regime, k) == v for k, v in args.items())
         assert_flows(plan, peers)

@@ -53,11 +53,12 @@ def repeated_file(tmp_path, rows: int = 3):
     return str(path)
 
 
-def run(tmp_path, regime, args, *, lora: bool, trio: bool, kl: float = 1e-3, steps: int = 2):
+def run(tmp_path, regime, args, *, lora: bool, trio: bool, kl: float = 1e-3, steps: int = 2,
+        reward: str = "test_parity"):
     pl.seed_everything(0)
     specs = pair(lora=lora, lr=1e-3) + ([spec("llama_bpe", "tiny:llama-bpe", lora=lora)] if trio else [])
     m = MutualRLModule(specs, algorithm=GRPOConfig(num_mini_batches=2, kl_coef=kl), regime=get_regime(regime, **args),
-                       reward="test_parity", log_samples_every_n_steps=0)
+                       reward=reward, log_samples_every_n_steps=0)
     dm = PromptDataModule(train_files=[repeated_file(tmp_path)], val_files=[repeated_file(tmp_path)],
                           batch_size=4, val_batch_size=4)
     rec, ex = _Metrics(), ExperienceExchange()
@@ -69,7 +70,7 @@ def run(tmp_path, regime, args, *, lora: bool, trio: bool, kl: float = 1e-3, ste
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-@pytest.mark.parametrize("regime,args", REGIMES, ids=[f"{r}-{a.get('denominator', '')}" for r, a in REGIMES])
+@pytest.mark.parametrize("regime,args", REGIMES, ids=[f"{r}-{a.get('denominator', a.get('update_rule', ''))}" for r, a in REGIMES])
 def test_regime_with_kl_lora_repeated_prompts(regime, args, lora, tmp_path):
     trio = not lora  # three policies with full fine-tuning, two with LoRA (keeps the suite short)
     m, rec, ex, before = run(tmp_path, regime, args, lora=lora, trio=trio)

@@ -10,10 +10,20 @@ from lightning.pytorch.callbacks import Callback
 from mutual_rl.exchange import ExperienceExchange
 from mutual_rl.module import MutualRLModule
 from mutual_rl.regimes import get_regime
+from mutual_rl.rewards import register_reward
+from mutual_rl.rewards.base import available_rewards
 from mutual_rl.update.config import GRPOConfig
 from tests.module.helpers import datamodule, pair, spec, trainer
 
 pytestmark = pytest.mark.slow  # Lightning fits
+
+
+if "test_never" not in available_rewards():
+
+    @register_reward("test_never")
+    def _never(completion: str, answer: str) -> float:
+        """Test-only reward that no response earns (every group of its policy fails entirely)."""
+        return 0.0
 
 
 def _trio():
@@ -40,6 +50,10 @@ def test_three_policies(regime, args, tmp_path):
     totals = ex.totals()
     flows = {f"{s}->{d}" for s in names for d in names if s != d}
     assert set(totals) == flows
+    # something crossed, and what the exchange counts as consumed is what the receivers trained on
+    consumed = sum(c.get("consumed", 0) for c in totals.values())
+    key = {"sgt": "rescued", "graft": "transferred_responses"}[regime]
+    assert consumed >= 1 and consumed == sum(r[f"{n}/{key}"] for r in rec.rows for n in names), consumed
     for flow, counts in totals.items():
         assert counts["delivered"] == 2 * 4 * 4  # 2 steps x 4 prompts x 4 responses, every peer group
         assert counts.get("consumed", 0) + sum(v for k, v in counts.items() if k.startswith("dropped/")) \
@@ -58,8 +72,10 @@ def test_stored_peer_replay(tmp_path):
     assert sorted(p.name for p in store.iterdir()) == ["step-000000.jsonl", "step-000001.jsonl"]
 
     pl.seed_everything(0)
+    # the receiver scores its own responses with a reward it never earns, so each of its groups fails entirely and
+    # every recorded peer group with mixed rewards (scored by the recording run) is a GRAFT candidate
     receiver = MutualRLModule([spec("llama", "tiny:llama-char")], algorithm=GRPOConfig(num_mini_batches=2),
-                              regime=get_regime("graft", balance=False, delta=0.0), reward="test_parity",
+                              regime=get_regime("graft", balance=False, delta=0.0), reward="test_never",
                               log_samples_every_n_steps=0)
     trainer(tmp_path / "b", max_steps=0).fit(receiver, datamodule=datamodule())
     before = {k: v.detach().clone() for k, v in receiver.named_parameters()}
@@ -69,3 +85,7 @@ def test_stored_peer_replay(tmp_path):
     assert [r["exchange/gpt2->llama/delivered"] for r in rec.rows] == [16.0, 16.0]
     assert "gpt2/reward" in rec.rows[0]
     assert any(not torch.equal(before[k], v) for k, v in receiver.named_parameters())
+    # the recorded peer's responses were grafted, not only delivered: a dead transfer path fails here
+    grafted = [r["llama/transferred_responses"] for r in rec.rows]
+    assert all(g >= 1 for g in grafted), grafted
+    assert ex.totals()["gpt2->llama"]["consumed"] == sum(grafted)
