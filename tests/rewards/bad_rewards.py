@@ -44,6 +44,12 @@ def returns_abc(completion: str, answer: str):
     return "abc"
 
 
+def returns_lock(completion: str, answer: str):
+    import threading
+
+    return threading.Lock()
+
+
 def exits_0(completion: str, answer: str) -> float:
     sys.exit(0)
 

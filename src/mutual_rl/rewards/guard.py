@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from mutual_rl.rewards.base import RewardFn, RewardResult
-from mutual_rl.rewards.isolation import IsolatedReward, RewardFatal, RewardRaised
+from mutual_rl.rewards.isolation import IsolatedReward, RewardFatal, RewardRaised, type_name
 from mutual_rl.rewards.reward_worker import FORKED_CHILD_EXIT
 
 log = logging.getLogger(__name__)
@@ -276,7 +276,7 @@ class GuardedReward:
         number = _finite_number(value)
         if number is None:
             shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:60] + "..."
-            kind = "" if value is None else f" ({type(value).__name__})"
+            kind = "" if value is None else f" ({type_name(value)})"
             return self._fail("error", f"returned {shown}{kind}, not a finite number", completion, answer, where)
         return number, "ok"
 

@@ -82,7 +82,6 @@ class _Worker:
 
     def __init__(self, module: str, attr: str):
         self.module, self.attr = module, attr
-        self.label = f"{module}:{attr}"
         self.proc: subprocess.Popen | None = None
         self.conn: Connection | None = None
         self.lock = threading.Lock()
@@ -102,6 +101,9 @@ class _Worker:
             status, text = self.conn.recv() if ready else ("error", "")
         except (EOFError, OSError):
             raise RewardFatal(f"ended its worker process ({self.kill()}) while it was imported", IMPORT_FIX) from None
+        except BaseException:  # e.g. Ctrl-C while it starts
+            self.kill()
+            raise
         if not ready:
             self.kill()
             raise RewardFatal(f"was not imported by its worker process within {STARTUP_TIMEOUT_S:g} s", IMPORT_FIX)
@@ -141,25 +143,30 @@ class _Worker:
             if not done:
                 self.kill()  # the whole process group, hard: a hung reward, its pools and its forks
                 raise TimeoutError(f"no result within {timeout_s:g} s")
-        status = reply[0]
+            status = reply[0]
+            if status == "fatal":
+                self.kill()  # start afresh: nothing of the broken call survives
+                raise RewardFatal(reply[1])
         if status == "ok":
             return reply[1]
         if status == "raised":
             raise RewardRaised(*reply[1:])
-        if status == "unpicklable":
-            return _Unsendable(*reply[1:])
-        self.kill()  # fatal: start afresh, nothing of the broken call survives
-        raise RewardFatal(reply[1])
+        return Unsendable(*reply[1:])  # "unpicklable"
 
 
-class _Unsendable:
+class Unsendable:
     """A value the worker could not send back: shown as its ``repr`` and type (never a number)."""
 
     def __init__(self, text: str, type_name: str):
         self.text, self.type_name = text, type_name
 
     def __repr__(self) -> str:
-        return f"{self.text} ({self.type_name}, which cannot be sent back from the reward's worker process)"
+        return self.text
+
+
+def type_name(value) -> str:
+    """The type name of a reward's value (the worker's, for one it could not send back)."""
+    return f"{value.type_name}, not picklable" if isinstance(value, Unsendable) else type(value).__name__
 
 
 _WORKERS: dict[tuple[str, str], _Worker] = {}

@@ -48,7 +48,7 @@ from mutual_rl.rewards.guard import (
     check_reward_settings,
     preview,
 )
-from mutual_rl.rewards.isolation import RewardFatal
+from mutual_rl.rewards.isolation import RewardFatal, type_name
 
 if TYPE_CHECKING:
     from mutual_rl.types import Problem
@@ -143,7 +143,7 @@ class GuardedBatchReward:
                 raise TypeError
             values = list(value)
         except TypeError:
-            return self._fail("error", f"returned {_short(value)} ({type(value).__name__}), not a list with one "
+            return self._fail("error", f"returned {_short(value)} ({type_name(value)}), not a list with one "
                               "value per completion", problem, n, where)
         if len(values) != n:
             return self._fail("error", f"returned {len(values)} values for {n} completions", problem, n, where)
@@ -151,7 +151,7 @@ class GuardedBatchReward:
         for i, v in enumerate(values):
             number = None if v is None else _finite_number(v)
             if v is not None and number is None:
-                return self._fail("error", f"returned {_short(v)} ({type(v).__name__}) for completion {i} "
+                return self._fail("error", f"returned {_short(v)} ({type_name(v)}) for completion {i} "
                                   f"({preview(completions[i], 80)}), not a finite number or None", problem, n, where)
             out.append(number)
         return out, "ok"
