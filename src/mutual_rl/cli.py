@@ -6,8 +6,10 @@ Beyond Lightning's CLI:
   Lightning's automatic single optimizer would replace them, so giving either is a parse error saying so;
 * checkpoints are written with :class:`~mutual_rl.callbacks.checkpointing.AtomicCheckpointIO` (atomic, fsynced)
   unless the trainer is given another checkpoint plugin;
-* ``--ckpt_path`` is checked before any model is built: a missing path, or a file that is not a complete
-  checkpoint, is one error naming the path;
+* ``--ckpt_path`` is checked before any model is built: a missing path, a directory, a web URL, or a file that is
+  not a complete checkpoint, is one error naming the path; ``--ckpt_path last`` is the newest ``last.ckpt`` of the
+  run's checkpoint folders (:func:`~mutual_rl.callbacks.checkpointing.find_last_checkpoint`), or an error;
+* a checkpoint's ``hyper_parameters`` are never merged into the configuration (Lightning would): a printed note;
 * a rich progress bar by default.
 """
 
@@ -21,7 +23,14 @@ from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from mutual_rl.callbacks.checkpointing import AtomicCheckpointIO, is_special_ckpt_path, verify_checkpoint_file
+from mutual_rl.callbacks.checkpointing import (
+    AtomicCheckpointIO,
+    checkpoint_hyper_parameter_keys,
+    find_last_checkpoint,
+    is_special_ckpt_path,
+    refuse_web_url,
+    verify_checkpoint_file,
+)
 from mutual_rl.config_files import expand_config_bases
 from mutual_rl.data.datamodule import PromptDataModule
 from mutual_rl.distributed import destroy_process_group
@@ -98,8 +107,29 @@ class MutualRLCLI(LightningCLI):
             super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path == "last":  # Lightning looks only in this run's new version folder: never finds the last run's
+            ckpt_path = str(find_last_checkpoint(self.config[subcommand].trainer))
+            self.config[subcommand].ckpt_path = ckpt_path
+            print(f"mutual-rl: --ckpt_path last -> {ckpt_path}", file=sys.stderr, flush=True)
+        if ckpt_path:
+            refuse_web_url(ckpt_path)
         if ckpt_path and not is_special_ckpt_path(ckpt_path):
             verify_checkpoint_file(ckpt_path)  # before Lightning reads it (and before any model is built)
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning merges a checkpoint's ``hyper_parameters`` into the parsed configuration, silently. mutual-rl
+        never writes that key, and a checkpoint must not choose the run's configuration (a crafted one switched
+        ``trust_remote_code`` on, or replaced the reward's import path): the configuration comes only from the
+        user's config files and command line; a checkpoint that carries ``hyper_parameters`` gets a printed note
+        saying they were ignored."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and Path(ckpt_path).is_file():
+            keys = checkpoint_hyper_parameter_keys(ckpt_path)
+            if keys:
+                print(f"mutual-rl: checkpoint {ckpt_path!r} carries hyper_parameters ({', '.join(keys[:8])}"
+                      f"{', ...' if len(keys) > 8 else ''}); mutual-rl never writes them and did NOT apply them: "
+                      "the configuration is your config files and command line only.", file=sys.stderr, flush=True)
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config.get(self.subcommand) if self.subcommand else self.config
