@@ -18,3 +18,45 @@ def fsync_dir(directory: Path | str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+#: What torch's zip writer says when a write to its file fails (the errno is lost): a full disk, a quota.
+_TORCH_WRITE_FAILURES = ("inline_container.cc", "PytorchStreamWriter failed writing", "file write failed")
+
+
+def disk_full_error(path: Path | str, what: str, cause: BaseException) -> OSError | None:
+    """An ``OSError(ENOSPC)`` naming ``what``, ``path`` and the free space of its filesystem, when ``cause`` is a
+    failed write because the disk (or a quota) is full; None for any other error.
+
+    A full disk reaches the user as a bare ``[Errno 28] No space left on device`` with no path, or -- from
+    ``torch.save`` -- as ``RuntimeError: [enforce fail at inline_container.cc:...] unexpected pos``."""
+    import errno
+    import shutil
+
+    full = isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(cause, RuntimeError) and any(s in str(cause) for s in _TORCH_WRITE_FAILURES):
+        full = True
+    if not full:
+        return None
+    folder = Path(path).parent
+    try:
+        free = f"{shutil.disk_usage(folder).free / 2**20:.1f} MiB free there now"
+    except OSError:
+        free = "free space unknown"
+    return OSError(errno.ENOSPC, f"no space left on the device writing {what} {str(path)!r} ({free}): free space "
+                                 f"on that filesystem or point the run at another folder")
+
+
+def check_writable_dir(path: Path | str, what: str, fix: str) -> None:
+    """Create ``path`` if needed and write (then remove) a file in it; any failure is one ``OSError`` naming
+    ``what``, the path and ``fix`` -- before training, instead of after it when the file is finally written."""
+    import tempfile
+
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".mutual-rl-write-check.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise type(exc)(exc.errno, f"{what} {str(path)!r} is not writable ({exc.strerror or exc}): {fix}") from exc

@@ -17,12 +17,14 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import nn
 
+from mutual_rl.callbacks.preemption import SigtermCheckpoint
 from mutual_rl.distributed import (
     gather_objects,
     lockstep_needed,
     rank_and_world,
     rank_part,
 )
+from mutual_rl.durable import check_writable_dir
 from mutual_rl.evaluation.validation import EvalConfig, Evaluator
 from mutual_rl.exchange import ExperienceExchange
 from mutual_rl.model.export import export_policies, step_folder
@@ -203,6 +205,11 @@ class MutualRLModule(LightningModule):
                                       isolation=self.reward_isolation)
         self.evaluator = Evaluator(self.evaluation, self.reward_fn, self.engine)
 
+    def configure_callbacks(self):
+        """:class:`~mutual_rl.callbacks.preemption.SigtermCheckpoint`: SIGTERM -> ``last.ckpt``, a resume line, exit
+        143 (Lightning alone exits 0)."""
+        return [SigtermCheckpoint()]
+
     def configure_optimizers(self):
         """One AdamW per policy, in ``model.policies`` order, with that policy's ``optimizer`` settings.
 
@@ -351,16 +358,32 @@ class MutualRLModule(LightningModule):
         (stored-peer mode); else it is an error naming the regime. A fit that trains nothing (``max_steps=0``, e.g.
         to build the policies) is not checked. Also silences the Lightning warnings that do not apply here
         (:mod:`mutual_rl.warnings_filters`), sets torch's thread count (:mod:`mutual_rl.threads`) and warns on a
-        half-precision ``trainer.precision`` without float32 master weights (:func:`warn_on_true_half_precision`)."""
+        half-precision ``trainer.precision`` without float32 master weights (:func:`warn_on_true_half_precision`), and
+        checks that the export, log and checkpoint folders are writable (:meth:`_check_output_dirs`)."""
         ignore_inapplicable_warnings()
         configure_threads(self.num_threads)
         if stage == "fit":
             warn_on_true_half_precision(str(getattr(self.trainer, "precision", "")))
+            if self.trainer.is_global_zero:
+                self._check_output_dirs()
         if stage != "fit" or len(self.specs) > 1 or self.trainer.max_steps == 0:
             return
         callbacks = getattr(self._trainer, "callbacks", []) if self._trainer is not None else []
         if not any(getattr(cb, "replayed_policies", None) for cb in callbacks if isinstance(cb, ExperienceExchange)):
             require_a_peer(self.specs[0], self.regimes[self.specs[0].name])
+
+    def _check_output_dirs(self) -> None:
+        """The export folder, the log folder and the checkpoint folder are writable, before any step (else the
+        export failed only after all of training)."""
+        if self.trainer.log_dir:
+            check_writable_dir(self.trainer.log_dir, "the log folder",
+                               "set trainer.default_root_dir (or the logger's save_dir) to a folder you can write")
+        if self.trainer.checkpoint_callback is not None and self.trainer.checkpoint_callback.dirpath:
+            check_writable_dir(self.trainer.checkpoint_callback.dirpath, "the checkpoint folder",
+                               "set the ModelCheckpoint's dirpath (or trainer.default_root_dir) to a folder you "
+                               "can write")
+        check_writable_dir(self._export_root(), "the export folder (model.export_dir)",
+                           "set model.export_dir to a folder you can write (default: <log_dir>/export)")
 
     def on_fit_start(self) -> None:
         self._decay_ends = {s.name: decay_end(s.optimizer, self.trainer.max_steps, s.name) for s in self.specs}

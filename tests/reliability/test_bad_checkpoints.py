@@ -190,6 +190,29 @@ def test_full_disk_mid_write_keeps_the_previous_last_ckpt(tmp_path, monkeypatch,
     assert torch.load(last)["step"] == 1
 
 
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real 600 KiB tmpfs (needs root and mount permission, as on the CI machine; skipped elsewhere)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root): the real full-disk test needs one")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_a_really_full_disk_names_the_checkpoint_and_the_free_space(tiny_disk):
+    """torch.save on a full disk says ``[enforce fail at inline_container.cc:672] . unexpected pos``: the error
+    now names the file and the space left, and nothing is left behind."""
+    last = tiny_disk / "ckpt" / "last.ckpt"
+    with pytest.raises(OSError) as e:
+        AtomicCheckpointIO().save_checkpoint({"w": torch.ones(300_000)}, last)  # 1.2 MB
+    assert e.value.errno == errno.ENOSPC
+    assert f"no space left on the device writing the checkpoint {str(last)!r} (0.6 MiB free there now)" in str(e.value)
+    assert "inline_container" in str(e.value.__cause__)
+    assert list(last.parent.iterdir()) == []
+
+
 # ------------------------------------------------------------------------------- 4. bad --ckpt_path, clear errors
 def _fit_args(tmp_path, *extra):
     cfg = {"trainer": {"logger": False, "enable_progress_bar": False, "default_root_dir": str(tmp_path),

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
+from lightning.pytorch.callbacks import Callback
 
 import mutual_rl.evaluation.validation as validation
 from mutual_rl.cli import main
@@ -237,3 +238,29 @@ def test_sharing_regime_with_a_single_policy_and_a_replayed_peer_is_allowed(tmp_
 def test_settings_are_checked_when_the_module_is_built(kw, message):
     with pytest.raises(ValueError, match=message):
         MutualRLModule([_spec()], **kw)
+
+
+class _CountSteps(Callback):
+    def __init__(self):
+        self.steps = 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.steps += 1
+
+
+@pytest.mark.parametrize("which", ["export_dir", "default_root_dir"])
+def test_an_unwritable_output_folder_is_an_error_before_any_step(tmp_path, which):
+    """A folder that cannot be created (its parent is a file): the export used to fail after all of training."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    bad = blocker / "out"
+    counter = _CountSteps()
+    kw = {"export_dir": str(bad)} if which == "export_dir" else {}
+    tr = trainer(tmp_path if which == "export_dir" else bad, max_steps=1, callbacks=[counter],
+                 **({} if which == "export_dir" else {"enable_checkpointing": True}))
+    what = "the export folder (model.export_dir)" if which == "export_dir" else "the log folder"
+    with pytest.raises(OSError, match=re.escape(what) + r" '" + re.escape(str(bad)) + r".*' is not writable \(Not a "
+                       r"directory\)"):
+        tr.fit(MutualRLModule([spec("g", "tiny:gpt2-bpe")], reward="test_parity", log_samples_every_n_steps=0, **kw),
+               datamodule=datamodule())
+    assert counter.steps == 0

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from mutual_rl.interfaces import RolloutEngine
-from mutual_rl.rollout.hf import HFRolloutEngine
+from mutual_rl.rollout.hf import HFRolloutEngine, NonFiniteLogitsError
 from mutual_rl.rollout.vllm import VLLMRolloutEngine
 
 ENGINES = {"hf": HFRolloutEngine, "vllm": VLLMRolloutEngine}
@@ -20,4 +20,4 @@ def get_engine(name: str, **kwargs) -> RolloutEngine:
     return ENGINES[name](**kwargs)
 
 
-__all__ = ["ENGINES", "HFRolloutEngine", "RolloutEngine", "VLLMRolloutEngine", "get_engine"]
+__all__ = ["ENGINES", "HFRolloutEngine", "NonFiniteLogitsError", "RolloutEngine", "VLLMRolloutEngine", "get_engine"]

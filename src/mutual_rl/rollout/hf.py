@@ -49,6 +49,19 @@ from mutual_rl.types import Problem, Rollout
 from mutual_rl.update.lockstep import in_lockstep, padded
 
 
+class NonFiniteLogitsError(FloatingPointError):
+    """A policy's logits were inf/NaN while sampling although its weights are finite (they grew too large)."""
+
+
+def nonfinite_logits_message(policy) -> str:
+    """The error for :class:`NonFiniteLogitsError`: the policy, its learning rate and what to do."""
+    return (f"policy {policy.name!r}: its logits are inf/NaN while sampling, although every weight is finite: the "
+            f"weights have grown so large that the forward pass overflows (version {policy.version}, i.e. after "
+            f"{policy.version} optimizer updates). The usual cause is a learning rate far too high: "
+            f"optimizer.lr = {policy.spec.optimizer.lr:g} for this policy; lower it (and check optimizer.grad_clip), "
+            "then restart from the last good checkpoint.")
+
+
 class HFRolloutEngine(RolloutEngine):
     """``generate``-based engine; ``chunk_size`` bounds how many sequences are generated at once."""
 
@@ -131,7 +144,12 @@ class HFRolloutEngine(RolloutEngine):
                 cache = shared_prompt_cache(model, ids, attn)
                 if cache is not None:
                     extra["past_key_values"] = cache
-            gen = model.generate(input_ids=ids, attention_mask=attn, generation_config=cfg, **extra)
+            try:
+                gen = model.generate(input_ids=ids, attention_mask=attn, generation_config=cfg, **extra)
+            except RuntimeError as exc:
+                if "probability tensor contains" in str(exc):  # torch.multinomial on inf/NaN scores
+                    raise NonFiniteLogitsError(nonfinite_logits_message(policy)) from exc
+                raise
         seq = gen.sequences[:, width:].cpu()  # [B, T]
         if recorder:
             logp = recorder.logp(seq.shape[1])
