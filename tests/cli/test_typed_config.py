@@ -32,7 +32,8 @@ def test_print_config_shows_every_default_of_the_chosen_regime(capsys):
     graft = yaml.safe_load(_run(["fit", "--config", str(CONFIGS / "graft.yaml"), "--print_config"], capsys))
     assert graft["model"]["regime"]["init_args"] == {"delta": 0.8, "balance": True, "policy_order": None,
                                                      "logp_batch_size": 16, "peer_last": "in_batch",
-                                                     "compatibility": "weighted", "transfer": "group"}
+                                                     "compatibility": "weighted", "transfer": "group",
+                                                     "update_rule": "graft", "rule_args": None}
 
 
 @pytest.mark.slow
