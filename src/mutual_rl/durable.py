@@ -29,13 +29,16 @@ def disk_full_error(path: Path | str, what: str, cause: BaseException) -> OSErro
     failed write because the disk (or a quota) is full; None for any other error.
 
     A full disk reaches the user as a bare ``[Errno 28] No space left on device`` with no path, or -- from
-    ``torch.save`` -- as ``RuntimeError: [enforce fail at inline_container.cc:...] unexpected pos``."""
+    ``torch.save`` -- as ``RuntimeError: [enforce fail at inline_container.cc:...] unexpected pos``, or -- from
+    safetensors (``save_pretrained``) -- as a ``SafetensorError`` with ``os error 28``."""
     import errno
     import shutil
 
     full = isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)
     if isinstance(cause, RuntimeError) and any(s in str(cause) for s in _TORCH_WRITE_FAILURES):
         full = True
+    if not isinstance(cause, OSError) and ("No space left on device" in str(cause) or "os error 28" in str(cause)):
+        full = True  # safetensors' SafetensorError ("I/O error: No space left on device (os error 28)")
     if not full:
         return None
     folder = Path(path).parent

@@ -213,6 +213,22 @@ def test_a_really_full_disk_names_the_checkpoint_and_the_free_space(tiny_disk):
     assert list(last.parent.iterdir()) == []
 
 
+def test_a_full_disk_at_export_names_the_policy_and_the_folder(tiny_disk):
+    """safetensors says ``SafetensorError: ... I/O error: No space left on device (os error 28)`` (not an OSError,
+    so it also escaped the export's error handling): now one OSError naming the policy and the folder, and no
+    half-written folder is left."""
+    from mutual_rl.model.export import export_policies
+    from mutual_rl.model.policy import build_policy
+
+    policy = build_policy(spec("g", "tiny:gpt2-bpe"))
+    with pytest.raises(OSError) as e:
+        export_policies({"g": policy}, tiny_disk / "export", write=True)
+    assert e.value.errno == errno.ENOSPC
+    assert f"writing the export of policy 'g' to {str(tiny_disk / 'export' / 'g')!r}" in str(e.value)
+    assert "os error 28" in str(e.value.__cause__)
+    assert list((tiny_disk / "export").iterdir()) == []
+
+
 # ------------------------------------------------------------------------------- 4. bad --ckpt_path, clear errors
 def _fit_args(tmp_path, *extra):
     cfg = {"trainer": {"logger": False, "enable_progress_bar": False, "default_root_dir": str(tmp_path),

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from mutual_rl.distributed import raise_together
+from mutual_rl.durable import disk_full_error
 from mutual_rl.strategies import full_params
 
 
@@ -31,8 +32,8 @@ def export_policies(policies: Mapping, root: Path, *, write: bool) -> list[Path]
     """Export every policy to ``root/<name>``; under FSDP every rank gathers the full weights (a collective) and
     only the rank with ``write`` saves them. Returns the folders written (empty where ``write`` is False).
 
-    A failed write (a full disk, no permission) does not stop the gathering of the other policies' weights, which
-    the other ranks take part in; after the last policy every rank raises together (the writer its own error), so
+    A failed write (a full disk: one ``OSError`` naming the policy, the folder and the free space; no permission)
+    does not stop the gathering of the other policies' weights, which the other ranks take part in; after the last policy every rank raises together (the writer its own error), so
     no rank waits forever in a later collective. An existing export is replaced only once the new one is complete:
     the old folder is moved aside, the new one renamed in, then the old one deleted."""
     written, error = [], None
@@ -41,8 +42,10 @@ def export_policies(policies: Mapping, root: Path, *, write: bool) -> list[Path]
             if write and error is None:
                 try:
                     written.append(_write(policy, Path(root) / name))
-                except OSError as exc:
-                    error = exc
+                except Exception as exc:  # noqa: BLE001 - raised after the gathering, on every rank together
+                    error = disk_full_error(Path(root) / name, f"the export of policy {name!r} to", exc) or exc
+                    if error is not exc:
+                        error.__cause__ = exc
     raise_together(error, f"exporting the policies to {root}")
     return written
 
@@ -52,7 +55,11 @@ def _write(policy, final: Path) -> Path:
     tmp, old = final.with_name(f".{tag}.tmp"), final.with_name(f".{tag}.old")
     for stale in final.parent.glob(f".{final.name}.*.tmp") if final.parent.exists() else []:
         shutil.rmtree(stale, ignore_errors=True)  # left by a run that was killed mid-export
-    policy.export(tmp)
+    try:
+        policy.export(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # no half-written folder left (a full disk, an interrupt)
+        raise
     if final.exists():
         os.replace(final, old)
     os.replace(tmp, final)
