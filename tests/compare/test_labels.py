@@ -15,7 +15,7 @@ from mutual_rl.config_files import load_config
 
 def test_label_records_are_complete_and_in_table_order():
     assert list(LABELS)[:4] == ["grpo", "grpo_n16", "grpo_n32", "dapo_ds"]
-    assert list(LABELS)[-1] == "graft_stored" and len(LABELS) == 15
+    assert list(LABELS)[-1] == "graft_stored" and len(LABELS) == 17
     assert {"graft_stored", "ftis", "graft_no_peer_last", "graft_no_compat", "graft_successes"} <= set(LABELS)
     for name, lab in LABELS.items():
         assert isinstance(lab, Label) and lab.name == name

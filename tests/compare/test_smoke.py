@@ -143,8 +143,9 @@ def test_compare_new_labels_smoke(tmp_path, capsys):
 
 
 def test_compare_other_labels_smoke(tmp_path, capsys):
-    """The remaining labels (larger rollout budget, XGRPO, PRP, HACPO) run through the driver."""
-    labels = ["grpo_n32", "xgrpo", "prp_snapshot", "prp_aligned", "hacpo"]
+    """The remaining labels (larger rollout budget, XGRPO, PRP, HACPO, GRAFT's §6.3 cross rules) run through the
+    driver."""
+    labels = ["grpo_n32", "xgrpo", "prp_snapshot", "prp_aligned", "hacpo", "graft_hacpo_rule", "graft_sgt_rule"]
     out, _ = _smoke(tmp_path, labels, capsys)
     table = (out / "table.md").read_text()
     for label in labels:

@@ -58,6 +58,10 @@ _TABLE = (
           "#f2b701", "h", "-."),
     Label("graft_successes", "graft_successes.yaml", "GRAFT ablation: graft only the peer group's successes",
           "#3f007d", "p", ":"),
+    Label("graft_hacpo_rule", "graft_hacpo_rule.yaml", "GRAFT §6.3: GRAFT's prompt selection, HACPO's update rule",
+          "#aec7e8", "8", "--"),
+    Label("graft_sgt_rule", "graft_sgt_rule.yaml", "GRAFT §6.3: GRAFT's prompt selection, SGT's update rule",
+          "#98df8a", "H", "--"),
     Label("graft_stored", "graft.yaml", "GRAFT with stored peers: each policy alone, replaying the grpo run's "
           "traffic (balance: false)", "#00a087", "d", stored=True),
 )
