@@ -36,7 +36,8 @@ def record_run(store_dir, steps=(0, 1, 2)):
             published[step, p] = [make_group(p, q, 10 * q + i, n=2 + i, step=step, version=step) for q in PROMPTS[step]]
             for g in published[step, p]:
                 ex.publish(g)
-        ex.publish([TraceRecord("a", PROMPTS[step][0], 0, step, step, 0, "b", torch.tensor([-0.1, -2.5]))])
+        ex.publish([TraceRecord("a", PROMPTS[step][0], 10 * PROMPTS[step][0], step, step, 0, "b",
+                               torch.tensor([-0.1, -2.5]))])
         ex.report("a", "b", consumed=9)
         ex.report("b", "a", consumed=4, dropped={"gate_closed": 2})
         ex.end_step()
@@ -184,7 +185,7 @@ def test_special_floats_and_dtypes_round_trip_through_the_store(tmp_path):
     import dataclasses
 
     g = make_group("a", 1, 1, n=2)
-    r0 = dataclasses.replace(g.rollouts[0], logp=torch.tensor([float("-inf"), -1e-45], dtype=torch.float32))
+    r0 = dataclasses.replace(g.rollouts[0], logp=torch.tensor([-3.4028234663852886e38, -1e-45], dtype=torch.float32))
     r1 = dataclasses.replace(g.rollouts[1], logp=torch.tensor([-0.1, -3.3, -7.7], dtype=torch.bfloat16))
     g = dataclasses.replace(g, rollouts=(r0, r1), advantages=torch.tensor([0.1, -0.1], dtype=torch.float64))
     ex = ExperienceExchange(store_dir=str(tmp_path))
@@ -193,3 +194,41 @@ def test_special_floats_and_dtypes_round_trip_through_the_store(tmp_path):
     ex.end_step()
     (h,) = StoredPeer(tmp_path, "a").groups(3, [1])
     assert_groups_equal(g, h)
+
+
+def test_a_trace_is_checked_against_its_file_and_for_finite_values(tmp_path):
+    record_run(tmp_path)
+    path = step_path(tmp_path, 1)
+    lines = _lines(path)
+    i = next(k for k, line in enumerate(lines) if line.startswith('{"kind": "trace"'))
+    d = json.loads(lines[i])
+    who = r"trace record \(policy 'a', prompt 21, group 210, response 7, receiver 'b'\)"
+    d["index"] = 7  # group 210 of policy a has 2 responses
+    lines[i] = json.dumps(d)
+    path.write_text("\n".join(lines))
+    with pytest.raises(StoredTrafficError, match=rf"step-000001\.jsonl:{i + 1}: {who}: the trace is of response 7, "
+                                                 r"but the file holds 2 rollout records of that group"):
+        StoredPeer(tmp_path, "a").traces(1)
+    d["index"], d["source_logp"]["data"][1] = 0, float("nan")
+    lines[i] = json.dumps(d)
+    path.write_text("\n".join(lines))
+    with pytest.raises(StoredTrafficError, match=rf"step-000001\.jsonl:{i + 1}: {who.replace('7', '0')}: "
+                                                 r"source_logp\[1\] = nan: a log-prob must be finite and <= 0"):
+        read_step(tmp_path, 1)
+
+
+def test_every_step_header_names_the_recording_run(tmp_path):
+    ex = ExperienceExchange(store_dir=str(tmp_path))
+    ex.subscribe("a", {"rollout"})
+    for step in (0, 1):
+        ex.begin_step(step)
+        ex.publish(make_group("a", 1, step))
+        ex.end_step()
+    assert [read_step(tmp_path, s).run_id for s in (0, 1)] == [ex.run_id] * 2
+    assert ex.state_dict()["run_id"] == ex.run_id and len(ex.run_id) == 32
+    other = ExperienceExchange(store_dir=str(tmp_path))
+    other.begin_step(0)
+    other.publish(make_group("a", 1, 0))
+    with pytest.raises(StoredTrafficError, match=rf"already holds the recording of run {ex.run_id}: steps 0\.\.1"):
+        other.end_step()  # without a trainer the first end_step checks the folder
+    assert [read_step(tmp_path, s).run_id for s in (0, 1)] == [ex.run_id] * 2

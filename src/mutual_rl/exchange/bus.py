@@ -77,6 +77,8 @@ def flow_name(source: str, receiver: str) -> str:
 class ExchangeBus:
     """Publish/subscribe bus with drop accounting (see the module docstring for the protocol)."""
 
+    run_id: str | None = None  # written into the step files' headers (set by ExperienceExchange)
+
     def __init__(
         self,
         store_dir: str | None = None,
@@ -274,7 +276,7 @@ class ExchangeBus:
                     for f, c in part_flows.items():
                         merged.setdefault(f, Counter()).update(c)
                 write_step(self.store_dir, step, [r for rs, _ in parts for r in rs],
-                           {f: dict(c) for f, c in merged.items()})
+                           {f: dict(c) for f, c in merged.items()}, run_id=self.run_id)
         metrics = {f"exchange/{s}/published": float(sum(len(g.rollouts) for g in gs))
                    for s, gs in self._published.items()}
         for f, c in flows.items():

@@ -7,7 +7,8 @@ data (seed, batch size, files) as the recorded run; :meth:`StoredPeer.groups` ch
 equal the receiver's batch prompt ids and raises :class:`ReplayMismatchError` otherwise. Groups come back exactly
 as published (source-computed advantages included, never renormalised), as CPU tensors, in the order of the
 receiver's ``prompt_ids``. :meth:`StoredPeer.traces` reads back the THL-aligned traces of the peer's responses that
-the recorded run stored (trace records, receiver-side; see ``records.py``).
+the recorded run stored (trace records, receiver-side; see ``records.py``). Every record read is cross-checked
+(``store.check_stored_record``), and the step files read must all come from one run (their headers' ``run_id``).
 """
 
 from __future__ import annotations
@@ -40,10 +41,20 @@ class StepCache:
         self._step: int | None = None
         self._groups: dict[str, list[ScoredGroup]] = {}
         self._file: StoredStep | None = None
+        self._run: tuple[str, Path] | None = None  # the recording run's id and the first file that named it
 
     def load(self, step: int) -> tuple[StoredStep, dict[str, list[ScoredGroup]]]:
         if self._step != step:
             stored = read_step(self.store_dir, step)
+            if stored.run_id is not None:  # one recording per folder: a file of another run is an error
+                if self._run is None:
+                    self._run = (stored.run_id, stored.path)
+                elif stored.run_id != self._run[0]:
+                    raise StoredTrafficError(
+                        f"{stored.path} was recorded by run {stored.run_id}, but {self._run[1]} by run "
+                        f"{self._run[0]}: {self.store_dir} mixes two runs' recordings, so replaying it would mix "
+                        f"their traffic. Replay a folder that holds one run's recording."
+                    )
             try:
                 groups = groups_from_records(stored.records)
             except ValueError as e:
