@@ -289,3 +289,30 @@ def test_no_warning_for_an_ordinary_recording(tmp_path):
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="store_dir")
         fit_exchange(tmp_path / "a", ExperienceExchange(store_dir=str(tmp_path / "t")), 2)
+
+
+def test_the_comparison_sets_aside_a_recording_whose_attempt_left_no_checkpoint(tmp_path, monkeypatch):
+    """``mutual-rl compare`` restarts a run without ``last.ckpt`` from scratch: a new run, so the earlier attempt's
+    steps are moved (kept) out of its way; a run with ``last.ckpt`` resumes and keeps its recording."""
+    from types import SimpleNamespace
+
+    from mutual_rl.compare import runner
+    from mutual_rl.compare.settings import Settings
+    from mutual_rl.config_files import load_config
+
+    cmds = []
+    monkeypatch.setattr(runner, "start_fit", lambda cmd, log, threads=None: cmds.append(cmd) or SimpleNamespace())
+    traffic = tmp_path / "runs" / "grpo-s0" / "traffic"
+    fit_exchange(tmp_path / "a", ExperienceExchange(store_dir=str(traffic)), 2)
+    earlier = _files(traffic)
+    settings = Settings(smoke=True, read_config=load_config)
+    runner.launch(runner.Job("grpo", 0), settings, tmp_path)
+    assert "--ckpt_path" not in cmds[-1]
+    assert list(traffic.glob("step-*.jsonl")) == []
+    assert _files(traffic / "superseded-from-step-000000") == earlier
+    fit_exchange(tmp_path / "b", ExperienceExchange(store_dir=str(traffic)), 2)  # the new attempt records
+    (traffic.parent / "ckpt").mkdir()
+    (traffic.parent / "ckpt" / "last.ckpt").write_bytes(b"x")
+    kept = _files(traffic)
+    runner.launch(runner.Job("grpo", 0), settings, tmp_path)
+    assert "--ckpt_path" in cmds[-1] and _files(traffic) == kept

@@ -174,6 +174,11 @@ def launch(job: Job, s: Settings, root: Path) -> subprocess.Popen | None:
     cfg = run_config(job, s, run_dir, root)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     last = run_dir / "ckpt" / "last.ckpt"
+    if not last.exists():  # a new start: an earlier attempt's recording (it died before its first checkpoint)
+        # is set aside, kept, into traffic/superseded-from-step-000000 (a store_dir of another run is refused)
+        from mutual_rl.exchange.store import set_aside_steps
+
+        set_aside_steps(run_dir / "traffic", 0)
     cmd = fit_command(run_dir / "config.yaml", *(["--ckpt_path", str(last)] if last.exists() else []))
     proc = start_fit(cmd, run_dir / "log.txt", threads=s.threads)
     proc.job, proc.run_dir, proc.t0 = job, run_dir, time.time()  # type: ignore[attr-defined]
