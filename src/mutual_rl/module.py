@@ -364,8 +364,7 @@ class MutualRLModule(LightningModule):
         configure_threads(self.num_threads)
         if stage == "fit":
             warn_on_true_half_precision(str(getattr(self.trainer, "precision", "")))
-            if self.trainer.is_global_zero:
-                self._check_output_dirs()
+            self._check_output_dirs()
         if stage != "fit" or len(self.specs) > 1 or self.trainer.max_steps == 0:
             return
         callbacks = getattr(self._trainer, "callbacks", []) if self._trainer is not None else []
@@ -374,15 +373,19 @@ class MutualRLModule(LightningModule):
 
     def _check_output_dirs(self) -> None:
         """The export folder, the log folder and the checkpoint folder are writable, before any step (else the
-        export failed only after all of training)."""
-        if self.trainer.log_dir:
-            check_writable_dir(self.trainer.log_dir, "the log folder",
+        export failed only after all of training). Every rank calls this (``trainer.log_dir`` is a broadcast); the
+        global-zero rank, the one that writes, checks."""
+        log_dir, export_root = self.trainer.log_dir, self._export_root()  # collectives: on every rank
+        if not self.trainer.is_global_zero:
+            return
+        if log_dir:
+            check_writable_dir(log_dir, "the log folder",
                                "set trainer.default_root_dir (or the logger's save_dir) to a folder you can write")
         if self.trainer.checkpoint_callback is not None and self.trainer.checkpoint_callback.dirpath:
             check_writable_dir(self.trainer.checkpoint_callback.dirpath, "the checkpoint folder",
                                "set the ModelCheckpoint's dirpath (or trainer.default_root_dir) to a folder you "
                                "can write")
-        check_writable_dir(self._export_root(), "the export folder (model.export_dir)",
+        check_writable_dir(export_root, "the export folder (model.export_dir)",
                            "set model.export_dir to a folder you can write (default: <log_dir>/export)")
 
     def on_fit_start(self) -> None:
