@@ -242,7 +242,8 @@ EDITS = [  # (kind edited, edit, what the message must say)
     ("rollout", _short_logp, r"logp has \d+ values but response_ids has \d+ tokens"),
     ("rollout", _nan_logp, r"logp\[1\] = nan: a log-prob must be finite and <= 0"),
     ("rollout", _positive_logp, r"logp\[0\] = 0\.5: a log-prob must be finite and <= 0"),
-    ("rollout", _span_past_text, r"offsets\[\d+\] = \[\d+, \d+\]: spans must lie in response_text"),
+    ("rollout", _span_past_text, r"offsets\[\d+\] = \[\d+, \d+\]: spans must be \[start, end\] pairs in response_text "
+                                 r"\(\d+ characters\), in order and without overlap"),
     ("rollout", _negative_id, r"response_ids\[0\] = -3 is not a token id"),
     ("reward", _nan_value, r"value nan is not a finite number: a stored reward must be finite"),
     ("advantage", _inf_value, r"value inf is not a finite number: a stored advantage must be finite"),
