@@ -19,6 +19,7 @@ import yaml
 from mutual_rl.model.spec import PolicySpec, SamplingSpec, WarmStart
 from mutual_rl.module import MutualRLModule
 from mutual_rl.rewards import RewardError
+from mutual_rl.rewards.reward_worker import alive
 from mutual_rl.stats import flatten
 from mutual_rl.step.pipeline import StepContext, sample_policy
 from mutual_rl.types import Problem, PromptBatch, Rollout
@@ -143,14 +144,6 @@ REPO = Path(__file__).resolve().parents[2]
 MUTUAL_RL = Path(sys.executable).with_name("mutual-rl")  # the console script: no working directory on sys.path
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _fit(tmp_path: Path, reward: str, cwd: Path, **model) -> subprocess.CompletedProcess:
     """``mutual-rl fit`` (the console script) for 1 step of one tiny policy, in ``cwd``, outputs under ``out``."""
     cfg = {"trainer": {"logger": False, "enable_progress_bar": False, "enable_model_summary": False,
@@ -187,9 +180,9 @@ def test_a_reward_whose_pool_hangs_ends_the_run_and_leaves_no_process(tmp_path):
     pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
     assert len(pids) == 3  # the reward's worker and its pool's two processes
     deadline = time.monotonic() + 5
-    while any(map(_running, pids)) and time.monotonic() < deadline:
+    while any(map(alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [p for p in pids if _running(p)]
+    assert not [p for p in pids if alive(p)]
 
 
 @pytest.mark.slow

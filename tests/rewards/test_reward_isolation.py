@@ -20,6 +20,7 @@ import pytest
 
 from mutual_rl.rewards import RewardError, build_reward
 from mutual_rl.rewards.isolation import IsolatedReward, close_workers
+from mutual_rl.rewards.reward_worker import alive
 from mutual_rl.types import Problem
 
 BAD = "tests.rewards.bad_rewards"
@@ -37,23 +38,15 @@ def pids_file(tmp_path, monkeypatch):
     close_workers()
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _pids(path: Path) -> list[int]:
     return [int(line) for line in path.read_text().split()]
 
 
 def _assert_gone(pids: list[int], within_s: float = 5.0) -> None:
     deadline = time.monotonic() + within_s
-    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [p for p in pids if _running(p)], f"still running: {[p for p in pids if _running(p)]}"
+    assert not [p for p in pids if alive(p)], f"still running: {[p for p in pids if alive(p)]}"
 
 
 def _worker_pid(reward) -> int:
@@ -111,7 +104,7 @@ def test_a_pool_that_hangs_is_a_timeout_and_its_workers_are_killed(pids_file):
     _assert_gone(pids)
 
 
-def test_a_pool_left_running_after_the_call_is_one_error_and_is_killed(pids_file):
+def test_a_pool_leftalive_after_the_call_is_one_error_and_is_killed(pids_file):
     reward = build_reward(f"{BAD}:pool_left_open", errors="skip")
     with pytest.raises(RewardError) as e:
         reward("a", "b")

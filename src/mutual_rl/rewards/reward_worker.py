@@ -38,7 +38,8 @@ def _watch_parent(parent: int) -> None:
             os.killpg(0, signal.SIGKILL)  # this worker, its pools and its forks: the trainer is gone
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Process ``pid`` exists and is not a zombie (``/proc``; False where it cannot be read)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rpartition(")")[2].split()[0] != "Z"
@@ -71,7 +72,7 @@ def _children() -> list[int]:
                 pids += [int(p) for p in f.read().split()]
     except OSError:
         return []
-    return sorted(p for p in set(pids) if _alive(p))
+    return sorted(p for p in set(pids) if alive(p))
 
 
 def _kill(pids: list[int]) -> None:
