@@ -20,7 +20,7 @@ from pathlib import Path
 
 from mutual_rl.data.files import load_problems
 from mutual_rl.evaluation.validation import EvalConfig, Evaluator
-from mutual_rl.rewards import get_reward
+from mutual_rl.rewards import build_reward
 from mutual_rl.types import Problem
 
 
@@ -37,7 +37,8 @@ def evaluate_problems(
     """
     if not isinstance(policies, Sequence):
         policies = [policies]
-    reward_fn = get_reward(reward) if isinstance(reward, str) else reward
+    # by name: as in training (time limit, a custom package.module:function in its worker process)
+    reward_fn = build_reward(reward) if isinstance(reward, str) else reward
     if engine is None:
         from mutual_rl.rollout.hf import HFRolloutEngine
 
