@@ -254,3 +254,13 @@ def test_a_value_the_worker_cannot_send_back_is_an_ordinary_error_naming_its_typ
     with pytest.raises(RewardError, match=f"reward '{BAD}:returns_lock' returned <unlocked _thread.lock object at "
                                           "0x[0-9a-f]+> \\(lock, not picklable\\), not a finite number"):
         build_reward(f"{BAD}:returns_lock")("a", "b")
+
+
+# ------------------------------------------------------------------ the worker's start-up is not the call
+@pytest.mark.parametrize("fn", ["exact", "exact_trl"])
+def test_a_slow_module_import_is_not_counted_against_the_call(fn):
+    """The first call starts the worker, which imports the module (1.5 s here; seconds for a module that imports
+    torch): a 0.5 s limit per completion must not turn that start-up into a timeout."""
+    reward = build_reward(f"tests.rewards.slow_import_reward:{fn}", timeout_s=0.5)  # TRL-style: 0.5 s x 2
+    scored = reward.score_group(Problem(0, "1+1=", "2"), ["2", "3"])
+    assert scored.total == [1.0, 0.0] and scored.timeouts == 0

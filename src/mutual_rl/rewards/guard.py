@@ -269,8 +269,10 @@ class GuardedReward:
         except Exception as exc:  # noqa: BLE001 - any failure of user code becomes one named error
             return self._fail("error", f"raised {_exc_name(exc)}: {exc}", completion, answer, where, exc)
         elapsed = time.monotonic() - t0
-        if self.timeout_s is not None and elapsed > self.timeout_s:
-            # the call returned, but late: it (or a library it uses) replaced or cancelled our SIGALRM timer
+        # in process: the call returned, but late: it (or a library it uses) replaced or cancelled our SIGALRM
+        # timer. A worker's own wait enforces the limit on the call; its start-up (the module's imports) is not
+        # the call and has its own limit.
+        if self.timeout_s is not None and elapsed > self.timeout_s and not isinstance(self.fn, IsolatedReward):
             return self._fail("timeout", f"returned after {elapsed:.1f} s, past its limit of {self.timeout_s:g} s "
                               "(it disarmed the time limit, e.g. with its own signal.alarm)", completion, answer, where)
         number = _finite_number(value)

@@ -48,7 +48,7 @@ from mutual_rl.rewards.guard import (
     check_reward_settings,
     preview,
 )
-from mutual_rl.rewards.isolation import RewardFatal, type_name
+from mutual_rl.rewards.isolation import IsolatedReward, RewardFatal, type_name
 
 if TYPE_CHECKING:
     from mutual_rl.types import Problem
@@ -135,7 +135,7 @@ class GuardedBatchReward:
         except Exception as exc:  # noqa: BLE001 - any failure of user code becomes one named error
             return self._fail("error", f"raised {_exc_name(exc)}: {exc}", problem, n, where, exc)
         elapsed = time.monotonic() - t0
-        if limit is not None and elapsed > limit:
+        if limit is not None and elapsed > limit and not isinstance(self.fn, IsolatedReward):  # as GuardedReward
             return self._fail("timeout", f"returned after {elapsed:.1f} s, past its limit of {limit:g} s (it "
                               "disarmed the time limit, e.g. with its own signal.alarm)", problem, n, where)
         try:
