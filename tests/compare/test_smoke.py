@@ -20,8 +20,8 @@ from mutual_rl.config_files import load_config
 pytest.importorskip("matplotlib")
 pytestmark = pytest.mark.slow  # each test: several 2-step runs (presets built in the session's cache)
 
-FIGURES = ("pass_at_1.png", "entropy_kl.png", "transfers.png", "rescue_complementarity.png",
-           "pass_at_1_final.png", "score_vs_compute.png")
+FIGURES = ("delta_pass_at_1.png", "pass_at_1_curves.png", "entropy_kl.png", "transfers.png",
+           "rescue_complementarity.png", "pass_at_1_final.png", "score_vs_compute.png")
 N, B, STEPS = 4, 4, 2  # smoke mode: rollouts per prompt, prompts per step, steps
 
 

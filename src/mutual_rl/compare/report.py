@@ -23,7 +23,7 @@ from pathlib import Path
 from mutual_rl.compare import plots, tags
 from mutual_rl.compare.runs import first_at, last_k_mean, load, per_step, policies_of
 from mutual_rl.compare.settings import Settings
-from mutual_rl.compare.stats import beyond_spread, mean_std
+from mutual_rl.compare.stats import beyond_spread, delta_se, mean_std
 from mutual_rl.compare.step0 import print_step0, step0_lines, step0_summary
 
 T = tags.PolicyTag
@@ -149,9 +149,7 @@ def table_body(regimes: list[str], summary: dict, policies, metrics, compute: di
             for m in metrics:
                 mu, sd = mean_std(row.get(m, {}).get("values", []))
                 cells.append(f"{100 * mu:.1f} ± {100 * sd:.1f}")
-            mu, _ = mean_std(row["pass@1"]["values"])
-            bmu, _ = mean_std(base)
-            delta = f"{100 * (mu - bmu):+.1f}" if label != "grpo" and base else "—"
+            delta = f"{100 * delta_se(row['pass@1']['values'], base)[0]:+.1f}" if label != "grpo" and base else "—"
             spread = beyond_spread(row["pass@1"]["values"], base) if label != "grpo" and base else "—"
             seeds = len([v for v in row["pass@1"]["values"] if v == v])  # a 1-seed row has no spread ("± 0.0")
             lines.append(f"| {label} | {seeds} | " + " | ".join(cells) + f" | {delta} | {spread} |")
@@ -263,6 +261,7 @@ def report(s: Settings, root: Path, runs: dict, order: list[str]) -> None:
     print(f"[compare] wrote {root / 'table.md'} and {root / 'diagnostics.md'}", flush=True)
     plots.plots(s, root, data, policies)
     plots.rescue_plot(s, root, data, policies)
+    plots.delta_plot(s, root, summary)
     plots.final_plot(s, root, summary)
     plots.score_compute_plot(s, root, summary, compute)
 
@@ -322,8 +321,9 @@ def replot(s: Settings, root: Path, order: list[str]) -> None:
     s = copy.copy(s)
     s.regimes = _ordered(summary, order)
     n = max((len(v["values"]) for lab in summary for p in summary[lab] for v in summary[lab][p].values()), default=1)
+    plots.delta_plot(s, root, summary)
     plots.final_plot(s, root, summary)
-    written = ["pass_at_1_final.png"]
+    written = ["delta_pass_at_1.png", "pass_at_1_final.png"]
     if (root / "compute.json").exists():
         plots.score_compute_plot(s, root, summary, json.loads((root / "compute.json").read_text()))
         written.append("score_vs_compute.png")
@@ -333,7 +333,7 @@ def replot(s: Settings, root: Path, order: list[str]) -> None:
         s.seeds = sorted({seed for _, seed in data}) or list(range(n))
         plots.plots(s, root, data, policies)
         plots.rescue_plot(s, root, data, policies)
-        written += ["pass_at_1.png", "entropy_kl.png", "transfers.png", "rescue_complementarity.png"]
+        written += ["pass_at_1_curves.png", "entropy_kl.png", "transfers.png", "rescue_complementarity.png"]
     else:
         print(f"[compare] no curves.json in {root}: the per-step figures need the runs (--report-only)", flush=True)
     print(f"[compare] wrote {', '.join(str(root / w) for w in written)}", flush=True)

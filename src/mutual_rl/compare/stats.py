@@ -15,13 +15,22 @@ def mean_std(xs) -> tuple[float, float]:
     return m, sd
 
 
+def delta_se(a: list[float], b: list[float]) -> tuple[float, float]:
+    """``mean(a) - mean(b)`` and the standard error of that difference over seeds (Welch:
+    ``sqrt(sd_a² / n_a + sd_b² / n_b)``), NaN values left out of both; the SE is NaN when either side has fewer
+    than 2 values (one seed has no spread). The table's Δ and 'beyond spread' and the Δ figure's interval."""
+    a, b = [x for x in a if not math.isnan(x)], [x for x in b if not math.isnan(x)]
+    (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
+    se = math.sqrt(sa**2 / len(a) + sb**2 / len(b)) if len(a) > 1 and len(b) > 1 else float("nan")
+    return ma - mb, se
+
+
 def beyond_spread(a: list[float], b: list[float]) -> str:
     """'yes' iff |mean(a) - mean(b)| > 2 standard errors of the difference (Welch), over seeds."""
-    (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
-    if len(a) < 2 or len(b) < 2 or math.isnan(ma) or math.isnan(mb):
+    delta, se = delta_se(a, b)
+    if math.isnan(delta) or math.isnan(se):
         return "n/a (1 seed)"
-    se = math.sqrt(sa**2 / len(a) + sb**2 / len(b))
-    return "yes" if abs(ma - mb) > 2 * se else "no"
+    return "yes" if abs(delta) > 2 * se else "no"
 
 
 def pct(vals) -> str:
