@@ -8,7 +8,7 @@ equal the receiver's batch prompt ids and raises :class:`ReplayMismatchError` ot
 as published (source-computed advantages included, never renormalised), as CPU tensors, in the order of the
 receiver's ``prompt_ids``. :meth:`StoredPeer.traces` reads back the THL-aligned traces of the peer's responses that
 the recorded run stored (trace records, receiver-side; see ``records.py``). Every record read is cross-checked
-(``store.check_stored_record``), and the step files read must all come from one run (their headers' ``run_id``).
+(``checks.check_stored_record``), and the step files read must all come from one run (their headers' ``run_id``).
 """
 
 from __future__ import annotations
