@@ -1,6 +1,6 @@
 """The comparison's leading figures, from the JSON files alone (``mutual-rl compare --from-summary``).
 
-``delta_pass_at_1.png`` draws :func:`plots.delta_rows`: per policy and label, Δ pass@1 vs GRPO (percentage points)
+``delta_pass_at_1.png`` draws :func:`delta.delta_rows`: per policy and label, Δ pass@1 vs GRPO (percentage points)
 and ± 2 standard errors of the difference over seeds — the table's 'Δ pass@1 vs GRPO' and 'beyond spread'. The
 rows are checked against hand-derived values and against the table (a synthetic summary and the committed
 results/graft_paper), and the figure's markers and bars against the rows. ``pass_at_1_curves.png``: one small
@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from mutual_rl.cli import main
-from mutual_rl.compare import plots, report
+from mutual_rl.compare import delta, plots, report
 from mutual_rl.compare.labels import LABELS
 from mutual_rl.compare.stats import beyond_spread, delta_se
 
@@ -41,8 +41,8 @@ ORDER = [lab for lab in LABELS if lab in SUMMARY]  # grpo, sgt, hacpo, graft
 
 
 def test_delta_rows_are_hand_derived_values_in_the_labels_order():
-    rows = {(r.label, r.policy): r for r in plots.delta_rows(SUMMARY, ORDER)}
-    assert [(r.label, r.policy) for r in plots.delta_rows(SUMMARY, ORDER)] == [
+    rows = {(r.label, r.policy): r for r in delta.delta_rows(SUMMARY, ORDER)}
+    assert [(r.label, r.policy) for r in delta.delta_rows(SUMMARY, ORDER)] == [
         ("sgt", "gpt2"), ("hacpo", "gpt2"), ("graft", "gpt2"), ("hacpo", "llama"), ("graft", "llama")]
     # graft, gpt2: mean 0.43 (sd 0.02) vs 0.40 (sd 0): Δ 3.0 pp, SE sqrt(0.02² / 3) = 1.1547 pp
     r = rows[("graft", "gpt2")]
@@ -61,7 +61,7 @@ def test_delta_rows_are_hand_derived_values_in_the_labels_order():
 
 
 def test_delta_rows_without_grpo_are_none():
-    assert plots.delta_rows({k: v for k, v in SUMMARY.items() if k != "grpo"}, ORDER) == []
+    assert delta.delta_rows({k: v for k, v in SUMMARY.items() if k != "grpo"}, ORDER) == []
 
 
 def test_the_se_counts_only_the_seeds_with_a_value():
@@ -100,13 +100,13 @@ def test_delta_rows_are_the_tables_numbers():
     cells = _table_cells(body)
     assert cells[("graft", "gpt2")] == ("+3.0", "yes") and cells[("graft", "llama")] == ("-1.0", "no")
     assert cells[("sgt", "gpt2")] == ("+4.0", "n/a (1 seed)")
-    _check_rows_against_table(plots.delta_rows(SUMMARY, ORDER), cells)
+    _check_rows_against_table(delta.delta_rows(SUMMARY, ORDER), cells)
 
 
 def test_delta_rows_are_the_committed_tables_numbers():
     root = RESULTS / "graft_paper"
     summary = json.loads((root / "summary.json").read_text())
-    rows = plots.delta_rows(summary, [lab for lab in LABELS if lab in summary])
+    rows = delta.delta_rows(summary, [lab for lab in LABELS if lab in summary])
     cells = _table_cells((root / "table.md").read_text().split("\n"))
     assert len(rows) == 2 * (len(summary) - 1)
     assert cells[("graft_no_compat", "gpt2")] == ("+0.8", "yes")
@@ -128,7 +128,7 @@ def saved(monkeypatch):
 
 
 def test_delta_figure_draws_the_rows(tmp_path, saved):
-    plots.delta_plot(SimpleNamespace(regimes=ORDER, last_k=2), tmp_path, SUMMARY)
+    delta.delta_plot(SimpleNamespace(regimes=ORDER, last_k=2), tmp_path, SUMMARY)
     assert (tmp_path / "delta_pass_at_1.png").stat().st_size > 0
     fig = saved["delta_pass_at_1.png"]
     axes = [ax for ax in fig.axes if ax.get_title()]
@@ -136,7 +136,7 @@ def test_delta_figure_draws_the_rows(tmp_path, saved):
     assert [t.get_text() for t in axes[0].get_yticklabels()] == ["sgt", "hacpo", "graft"]  # the labels' order
     assert axes[0].get_ylim()[0] > axes[0].get_ylim()[1]  # top to bottom
     for ax, policy in zip(axes, ["gpt2", "llama"]):
-        rows = [r for r in plots.delta_rows(SUMMARY, ORDER) if r.policy == policy]
+        rows = [r for r in delta.delta_rows(SUMMARY, ORDER) if r.policy == policy]
         y = {"sgt": 0, "hacpo": 1, "graft": 2}
         points = sorted((float(line.get_xdata()[0]), float(line.get_ydata()[0])) for line in ax.lines
                         if len(line.get_xdata()) == 1 and line.get_marker() not in (None, "None", "", "|"))
@@ -197,13 +197,13 @@ def test_every_committed_regime_gets_its_row_and_panel(tmp_path, saved):
     """results/graft_paper: each label but GRPO has its row (labels' order) and its small panel, per policy."""
     summary = json.loads((RESULTS / "graft_paper" / "summary.json").read_text())
     labels = [lab for lab in LABELS if lab in summary]
-    plots.delta_plot(SimpleNamespace(regimes=labels, last_k=2), tmp_path, summary)
+    delta.delta_plot(SimpleNamespace(regimes=labels, last_k=2), tmp_path, summary)
     data, policies = report.read_curves(RESULTS / "graft_paper")
     plots.curves_plot(plots.pyplot(), tmp_path, data, policies, labels, [0, 1, 2])
     others = [lab for lab in labels if lab != "grpo"]
-    delta = [ax for ax in saved["delta_pass_at_1.png"].axes if ax.get_title()]
-    assert [t.get_text() for t in delta[0].get_yticklabels()] == others
-    assert re.match(r"gpt2: Δ vs GRPO \(grpo 43\.4 ± 0\.3 %, 3 seeds\)", delta[0].get_title())
+    panels = [ax for ax in saved["delta_pass_at_1.png"].axes if ax.get_title()]
+    assert [t.get_text() for t in panels[0].get_yticklabels()] == others
+    assert re.match(r"gpt2: Δ vs GRPO \(grpo 43\.4 ± 0\.3 %, 3 seeds\)", panels[0].get_title())
     subfigs = saved["pass_at_1_curves.png"].subfigs
     assert len(subfigs) == len(policies) == 2
     for sub in subfigs:

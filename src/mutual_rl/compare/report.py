@@ -20,7 +20,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from mutual_rl.compare import plots, tags
+from mutual_rl.compare import delta, plots, tags
 from mutual_rl.compare.runs import first_at, last_k_mean, load, per_step, policies_of
 from mutual_rl.compare.settings import Settings
 from mutual_rl.compare.stats import beyond_spread, delta_se, mean_std
@@ -261,7 +261,7 @@ def report(s: Settings, root: Path, runs: dict, order: list[str]) -> None:
     print(f"[compare] wrote {root / 'table.md'} and {root / 'diagnostics.md'}", flush=True)
     plots.plots(s, root, data, policies)
     plots.rescue_plot(s, root, data, policies)
-    plots.delta_plot(s, root, summary)
+    delta.delta_plot(s, root, summary)
     plots.final_plot(s, root, summary)
     plots.score_compute_plot(s, root, summary, compute)
 
@@ -321,7 +321,7 @@ def replot(s: Settings, root: Path, order: list[str]) -> None:
     s = copy.copy(s)
     s.regimes = _ordered(summary, order)
     n = max((len(v["values"]) for lab in summary for p in summary[lab] for v in summary[lab][p].values()), default=1)
-    plots.delta_plot(s, root, summary)
+    delta.delta_plot(s, root, summary)
     plots.final_plot(s, root, summary)
     written = ["delta_pass_at_1.png", "pass_at_1_final.png"]
     if (root / "compute.json").exists():
