@@ -52,3 +52,19 @@ class RecordMetrics(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.rows.append({k: float(v) for k, v in trainer.callback_metrics.items()})
+
+
+def fit_command(cfg, *extra: str) -> list[str]:
+    """``python -m mutual_rl.cli fit --config cfg ...`` with this interpreter (subprocess runs of the CLI)."""
+    import sys
+
+    return [sys.executable, "-m", "mutual_rl.cli", "fit", "--config", str(cfg), *extra]
+
+
+def subprocess_env() -> dict:
+    """The environment of a subprocess run: one torch thread, and this repository importable (test callbacks)."""
+    import os
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(repo)}

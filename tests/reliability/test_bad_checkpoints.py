@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from mutual_rl.callbacks.checkpointing import AtomicCheckpointIO
 from mutual_rl.cli import build_cli, main
-from tests.module.helpers import datamodule, module, pair, spec, trainer
+from tests.module.helpers import datamodule, fit_command, module, pair, spec, subprocess_env, trainer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -319,14 +319,6 @@ def _kill_cfg(tmp_path: Path, name: str, pause: bool) -> Path:
     return path
 
 
-def _fit_cmd(cfg: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "mutual_rl.cli", "fit", "--config", str(cfg), *extra]
-
-
-def _env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-
-
 def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
     state = torch.load(ckpt, weights_only=False)
     assert state["global_step"] == N_STEPS
@@ -335,9 +327,9 @@ def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_sigkill_mid_run_then_resume_equals_the_uninterrupted_run(tmp_path):
-    full = subprocess.Popen(_fit_cmd(_kill_cfg(tmp_path, "full", pause=False)), cwd=REPO, env=_env(),
+    full = subprocess.Popen(fit_command(_kill_cfg(tmp_path, "full", pause=False)), cwd=REPO, env=subprocess_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    killed = subprocess.Popen(_fit_cmd(_kill_cfg(tmp_path, "killed", pause=True)), cwd=REPO, env=_env(),
+    killed = subprocess.Popen(fit_command(_kill_cfg(tmp_path, "killed", pause=True)), cwd=REPO, env=subprocess_env(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     ckpt_dir = tmp_path / "killed" / "ckpt"
     deadline = time.monotonic() + 240
@@ -352,9 +344,9 @@ def test_sigkill_mid_run_then_resume_equals_the_uninterrupted_run(tmp_path):
     assert not list(ckpt_dir.glob(f"*step={KILL_AFTER + 1}.ckpt"))  # really stopped before the end
     assert torch.load(ckpt_dir / "last.ckpt", weights_only=False)["global_step"] == KILL_AFTER
 
-    resumed = subprocess.run(_fit_cmd(_kill_cfg(tmp_path, "resumed", pause=False), "--ckpt_path",
+    resumed = subprocess.run(fit_command(_kill_cfg(tmp_path, "resumed", pause=False), "--ckpt_path",
                                       str(ckpt_dir / "last.ckpt")),
-                             cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             cwd=REPO, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                              timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _, err = full.communicate(timeout=300)

@@ -4,10 +4,8 @@ weights of an uninterrupted run."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,8 +15,8 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 
 from mutual_rl.callbacks.preemption import EXIT_SIGTERM
+from tests.module.helpers import fit_command, subprocess_env
 
-REPO = Path(__file__).resolve().parents[2]
 N_STEPS, TERM_AT = 6, 3
 
 
@@ -63,20 +61,12 @@ def _cfg(tmp_path: Path, name: str, pause: bool) -> Path:
     return path
 
 
-def _fit(cfg: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "mutual_rl.cli", "fit", "--config", str(cfg), *extra]
-
-
-def _env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-
-
 @pytest.mark.slow
 def test_sigterm_checkpoints_says_how_to_resume_exits_143_and_resumes_exactly(tmp_path):
-    full = subprocess.Popen(_fit(_cfg(tmp_path, "full", pause=False)), cwd=tmp_path, env=_env(),
+    full = subprocess.Popen(fit_command(_cfg(tmp_path, "full", pause=False)), cwd=tmp_path, env=subprocess_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     cfg = _cfg(tmp_path, "termed", pause=True)
-    termed = subprocess.Popen(_fit(cfg), cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL,
+    termed = subprocess.Popen(fit_command(cfg), cwd=tmp_path, env=subprocess_env(), stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     while not (tmp_path / "termed" / "paused").exists():
@@ -91,7 +81,7 @@ def test_sigterm_checkpoints_says_how_to_resume_exits_143_and_resumes_exactly(tm
     assert f"--ckpt_path {last}" in err
     assert torch.load(last, weights_only=True)["global_step"] == TERM_AT + 1  # the step in progress finished
 
-    resumed = subprocess.run(_fit(cfg, "--ckpt_path", "last"), cwd=tmp_path, env=_env(),
+    resumed = subprocess.run(fit_command(cfg, "--ckpt_path", "last"), cwd=tmp_path, env=subprocess_env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"--ckpt_path last -> {last}" in resumed.stderr
