@@ -41,7 +41,7 @@ def test_every_label_config_is_packaged_and_parses(name):
     assert labels.config_path(name).read_text() == packaged.read_text()
     cfg = load_config(labels.config_path(name))  # base.yaml merged in, as `mutual-rl fit --config` reads it
     assert [p["name"] for p in cfg["model"]["policies"]] == ["gpt2", "llama"]
-    assert cfg["model"]["regime"]["class_path"] and cfg["data"]["batch_size"] == 16
+    assert cfg["model"]["regime"]["class_path"] and cfg["data"]["batch_size"] == 32
     expected = {"grpo": "NoSharing", "dapo_ds": "NoSharing", "xgrpo": "XGRPO", "prp_snapshot": "PRP",
                 "prp_aligned": "PRP", "sgt": "SGT", "hacpo": "HACPO", "ftis": "FTIS"}
     regime = cfg["model"]["regime"]["class_path"].rsplit(".", 1)[-1]

@@ -3,7 +3,9 @@
 A preset is identified by everything that determines its weights (preset name, seed, warm-up settings, the task
 it warms up on, the prompt template, whether prompts are wrapped in the chat template, and :data:`BUILD_VERSION`);
 the hash of that names its folder under the cache root (``$MUTUAL_RL_CACHE`` or ``~/.cache/mutual_rl``).
-``warmstart.expect`` is not part of it (it checks a build, it does not change one).
+``warmstart.expect`` is not part of it (it checks a build, it does not change one). A key whose folder ships
+with the package (:mod:`mutual_rl.presets.shipped`: the presets of ``configs/base.yaml``) loads from there and
+builds nothing.
 
 Builds are deterministic and pinned: a build runs in a fresh worker process
 (:mod:`mutual_rl.presets.build_worker`) with one torch thread, AVX2 kernels in ATen, MKL and oneDNN whatever the
@@ -33,6 +35,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from mutual_rl.model.spec import WarmStart
 from mutual_rl.presets.models import ARCHS, arch_for
 from mutual_rl.presets.quality import announce
+from mutual_rl.presets.shipped import shipped_preset
 from mutual_rl.presets.store import build_once, cache_root  # noqa: F401 (cache_root: public here too)
 
 BUILD_VERSION = 2
@@ -73,11 +76,15 @@ def load_preset(name: str, *, seed: int, warmstart: WarmStart, task, prompt_temp
     key = preset_key(name, seed, warmstart, task, prompt_template, chat_template)
     path = preset_dir(key, cache_dir)
     built = []
-    build_once(path, lambda tmp: built.append(1) or _build(name, key, tmp, seed, warmstart, task, prompt_template,
-                                                           chat_template, cache_dir))
+    shipped = shipped_preset(path.name, key)
+    if shipped is not None:  # the package's own weights for this key (presets/shipped.py): nothing to build
+        path = shipped
+    else:
+        build_once(path, lambda tmp: built.append(1) or _build(name, key, tmp, seed, warmstart, task,
+                                                               prompt_template, chat_template, cache_dir))
     report = json.loads((path / "done.json").read_text()).get("quality")
     if report is not None:
-        announce(name, report, warmstart.expect, built=bool(built))
+        announce(name, report, warmstart.expect, built=bool(built), shipped=shipped is not None)
     model = AutoModelForCausalLM.from_pretrained(path, **{"dtype": torch.float32, **model_kwargs})
     tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
     tokenizer.padding_side = "left"

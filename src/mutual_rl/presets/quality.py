@@ -101,11 +101,13 @@ def out_of_range(report: dict, expect: dict[str, list[float]] | None) -> list[st
     return problems
 
 
-def announce(preset: str, report: dict, expect: dict[str, list[float]] | None, *, built: bool) -> None:
-    """Print the report after a build (log it at INFO when loaded from the cache) and warn when it is out of range."""
+def announce(preset: str, report: dict, expect: dict[str, list[float]] | None, *, built: bool,
+             shipped: bool = False) -> None:
+    """Print the report after a build or when the preset ships with the package (log it at INFO when loaded from
+    the cache) and warn when it is out of range."""
     line = format_report(preset, report)
-    if built:
-        print(f"[mutual-rl] built {line}", file=sys.stderr, flush=True)
+    if built or shipped:
+        print(f"[mutual-rl] {'built' if built else 'shipped'} {line}", file=sys.stderr, flush=True)
     else:
         log.info("cached %s", line)
     bad = out_of_range(report, expect)

@@ -1,0 +1,52 @@
+"""The papers' preconditions for a pair of built presets, at the evaluation and at the rollout temperature: each
+policy's held-out pass@1 (overall and per skill) and, for each direction A->B, the share of A's all-fail prompts
+(no correct sample of k = 8) that B solves, and how often B's group there is mixed or all-pass.
+
+Usage (preset folders from the cache, ``$MUTUAL_RL_CACHE/presets/<name>-<hash>``)::
+
+    python scripts/preconditions.py gpt2=<folder> llama=<folder> --temperatures 0.6 1.0
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from mutual_rl.data.task import ArithmeticTask
+from mutual_rl.evaluation.benchmarks import evaluate_problems
+from mutual_rl.presets.quality import _BuildPolicy
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("policies", nargs="+", help="name=preset_folder")
+    ap.add_argument("--temperatures", nargs="+", type=float, default=[0.6, 1.0])
+    ap.add_argument("--k", type=int, default=8)
+    args = ap.parse_args()
+    task = ArithmeticTask(operators=["+", "-"], digits=2, num_heldout=400)
+    problems = task.heldout_problems()
+    policies = []
+    for item in args.policies:
+        name, folder = item.split("=", 1)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        tok = PreTrainedTokenizerFast.from_pretrained(folder)
+        tok.padding_side = "left"
+        policies.append(_BuildPolicy(name, model, tok, "{problem}", False, 8))
+    for t in args.temperatures:
+        results, comp = evaluate_problems(policies, problems, reward=task.default_reward, k=args.k, temperature=t,
+                                          top_p=0.95 if t < 1.0 else 1.0, max_new_tokens=8, seed=1234,
+                                          progress=False)
+        print(f"T = {t}:")
+        for p in policies:
+            m = results[p.name]
+            skills = " ".join(f"{s} {100 * m[f'pass@1/{s}']:.1f}" for s in ("add", "sub"))
+            print(f"  {p.name}: pass@1 {100 * m['pass@1']:.1f} % ({skills}); greedy {100 * m['greedy']:.1f} %")
+        for key in sorted(k for k in comp if k.count("/") == 1):
+            print(f"  {key}: share {100 * comp[key]:.0f} %, all-fail {comp[key + '/all_fail']:.0f}, mixed "
+                  f"{100 * comp[key + '/mixed_frac']:.0f} %, all-pass {100 * comp[key + '/all_pass_frac']:.0f} %")
+
+
+if __name__ == "__main__":
+    main()
