@@ -19,10 +19,17 @@ Policies: N = 2: tiny:gpt2-bpe + tiny:llama-char; N = 4: + tiny:llama-bpe + a se
 Presets are warm-started ``--warmstart-steps`` steps on the built-in task (built once, cached under
 ``$MUTUAL_RL_CACHE``) so groups have mixed rewards and updates do real forward/backward work.
 
+The real pair (``--pair real``): the two policies of ``configs/real/base.yaml`` exactly as that config sets them
+(SmolLM2-135M-Instruct from its GGUF + ``tiny:qwen-vocab`` on Qwen's 151k vocabulary, each in its own chat
+template; sampling, learning rates, warm-up, the question-style boxed task, ``boxed_integer_match``, 2 mini-batches,
+4 prompts per step), with the regime's arguments of its config (``sgt``: coef 0.1, ``configs/real/sgt.yaml``).
+``--prompts``/``--n``/``--max-new-tokens``/``--lr``/``--warmstart-steps`` do not apply to it.
+
 Usage::
 
     MUTUAL_RL_CACHE=/tmp/mrl_cache python scripts/bench_mutual_step.py [--pairs 20] [--warmup 2]
         [--regime none|xgrpo|prp|sgt|graft|hacpo] [--policies 2 4] [--threads 1]
+    python scripts/bench_mutual_step.py --pair real --regime sgt --policies 2 --pairs 8
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import copy
 import random
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -59,6 +67,8 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--warmstart-steps", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pair", choices=("tiny", "real"), default="tiny",
+                    help="tiny: the tiny presets (default); real: configs/real's SmolLM2-135M + tiny:qwen-vocab")
 
 
 def specs(k: int, args) -> list[PolicySpec]:
@@ -71,20 +81,58 @@ def specs(k: int, args) -> list[PolicySpec]:
     ]
 
 
-def regime_args(regime: str) -> dict:
+def regime_args(regime: str, pair: str = "tiny") -> dict:
     """Arguments of the sharing regimes as the shipped configs use them (THL-crossing variants)."""
+    if pair == "real":
+        return {"sgt": {"coef": 0.1}}.get(regime, {})  # configs/real/sgt.yaml
     return {"prp": {"denominator": "peer_aligned"}, "sgt": {"coef": 0.3}}.get(regime, {})
+
+
+REAL_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "real" / "base.yaml"
+
+
+def real_setup():
+    """(policy specs, task, reward name, algorithm) of ``configs/real/base.yaml``, parsed as ``mutual-rl fit``
+    parses it."""
+    import sys
+
+    from mutual_rl.cli import build_cli
+
+    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI parses the args given here, not this script's
+    try:
+        cli = build_cli(["--config", str(REAL_CONFIG), "--trainer.logger", "false"], run=False)
+    finally:
+        sys.argv = argv
+    return list(cli.model.specs), cli.datamodule.task, "boxed_integer_match", cli.model.algorithm
+
+
+def problems_for(args) -> list:
+    """The training problems of the benchmark's task, in order; for ``--pair real`` also sets ``args.prompts`` to
+    the real config's prompts per step (``data.batch_size``)."""
+    if getattr(args, "pair", "tiny") == "real":
+        import yaml
+
+        data = yaml.safe_load(REAL_CONFIG.read_text())["data"]
+        args.prompts = data["batch_size"]
+        return ArithmeticTask(**data["task"]).train_problems()
+    return ArithmeticTask().train_problems()
+
+
+def describe(args) -> str:
+    if getattr(args, "pair", "tiny") == "real":
+        return f"the real pair of {REAL_CONFIG.relative_to(REAL_CONFIG.parents[2])} ({args.prompts} prompts per step)"
+    return f"{args.prompts} prompts x {args.n} samples, <= {args.max_new_tokens} new tokens"
 
 
 class Side:
     """A MutualRLModule (no Trainer) over its own copies of ``policies``, with one AdamW per policy."""
 
-    def __init__(self, policies, regime: str, algo: GRPOConfig):
+    def __init__(self, policies, regime: str, algo: GRPOConfig, reward: str = "integer_match", pair: str = "tiny"):
         self.module = MutualRLModule([p.spec for p in policies], algorithm=algo,
-                                     regime=get_regime(regime, **regime_args(regime)), log_samples_every_n_steps=0)
+                                     regime=get_regime(regime, **regime_args(regime, pair)), log_samples_every_n_steps=0)
         for p in policies:
             self.module.policies[p.name] = copy.deepcopy(p)
-        self.module.reward_fn = get_reward("integer_match")
+        self.module.reward_fn = get_reward(reward)
         self.opts = {}
         for p in self.module.specs:
             o = p.optimizer
@@ -106,6 +154,13 @@ class Side:
 
 def build(k: int, args, regime: str):
     """(mutual side, single sides) over the same k warm-started policies."""
+    if getattr(args, "pair", "tiny") == "real":
+        if k != 2:
+            raise SystemExit("--pair real is a pair: use --policies 2")
+        real_specs, task, reward, algo = real_setup()
+        policies = [build_policy(s, task=task) for s in real_specs]
+        return (Side(policies, regime, algo, reward, "real"),
+                [Side([p], regime, algo, reward, "real") for p in policies], task)
     task = ArithmeticTask()
     policies = [build_policy(s, task=task) for s in specs(k, args)]
     algo = GRPOConfig(num_mini_batches=2, old_logp="rollout")
@@ -155,9 +210,8 @@ def main():
     ap.add_argument("--policies", type=int, nargs="+", default=[2, 4], choices=[1, 2, 3, 4])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    problems = ArithmeticTask().train_problems()
-    print(f"regime {args.regime}; {args.prompts} prompts x {args.n} samples, <= {args.max_new_tokens} new tokens; "
-          f"threads {torch.get_num_threads()}; {args.warmup} warm-up + {args.pairs} measured pairs")
+    problems = problems_for(args)
+    print(f"regime {args.regime}; {describe(args)}; threads {torch.get_num_threads()}; {args.warmup} warm-up + {args.pairs} measured pairs")
     summary = []
     for k in args.policies:
         r = run_pairs(k, args, args.regime, problems)
@@ -170,6 +224,10 @@ def main():
     for k, ratio, pr, *_ in summary:
         print(f"mutual/singles step time, N={k}, regime {args.regime}: {ratio:.3f} (median pair ratio {pr:.3f}; "
               f"goal <= 1.05)")
+    import resource
+
+    print(f"peak resident memory of this process (both sides' copies of every policy): "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
 
 
 if __name__ == "__main__":

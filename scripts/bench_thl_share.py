@@ -23,6 +23,7 @@ Usage::
 
     MUTUAL_RL_CACHE=/tmp/mrl_cache python scripts/bench_thl_share.py [--regimes prp sgt graft] [--policies 2]
         [--pairs 20] [--warmup 2]
+    python scripts/bench_thl_share.py --pair real --regimes sgt graft --pairs 8   # configs/real's pair
 """
 
 from __future__ import annotations
@@ -35,9 +36,8 @@ import time
 from collections import defaultdict
 
 import torch
-from bench_mutual_step import add_common_args, build
+from bench_mutual_step import add_common_args, build, describe, problems_for
 
-from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.types import PromptBatch
 
 TIMERS: dict[str, float] = defaultdict(float)
@@ -106,9 +106,8 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     install()
-    problems = ArithmeticTask().train_problems()
-    print(f"N={args.policies} policies; {args.prompts} prompts x {args.n} samples, <= {args.max_new_tokens} new "
-          f"tokens; threads {torch.get_num_threads()}; {args.warmup} warm-up + {args.pairs} measured steps")
+    problems = problems_for(args)
+    print(f"N={args.policies} policies; {describe(args)}; threads {torch.get_num_threads()}; {args.warmup} warm-up + {args.pairs} measured steps")
     results = {r: run(r, args.policies, args, problems) for r in args.regimes}
     names = sorted({n for _, _, n in WRAP}, key=lambda n: [x for _, _, x in WRAP].index(n))
     print(f"\nmedian per step (ms) over {args.pairs} steps; calls per step in brackets")
