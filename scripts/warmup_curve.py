@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import time
 
@@ -35,7 +34,7 @@ from mutual_rl.presets.build import deterministic_kernels
 from mutual_rl.presets.cache import preset_dir, preset_key
 from mutual_rl.presets.models import build_untrained
 from mutual_rl.presets.quality import quality_report
-from mutual_rl.presets.warmstart import _collate, encode_example, select_problems, target_loss, warmup_lr
+from mutual_rl.presets.warmstart import select_problems, warm_start
 from mutual_rl.thl.retokenize import prompt_ids
 
 
@@ -62,44 +61,34 @@ def main() -> None:
     model, tokenizer = build_untrained(name, args.seed)
     full = spec(total)
     pool = select_problems(task.train_problems(), full)
-    examples = [encode_example(tokenizer, prompt_template.replace("{problem}", p.problem), task.target_text(p),
-                               lambda text: prompt_ids(tokenizer, text)) for p in pool]
     t0 = time.perf_counter()
-    losses: list[float] = []
     print(f"# {name} skills={args.skills} other={args.other_skill_fraction} lr={args.lr} constant; pool "
           f"{len(pool)}; threads {torch.get_num_threads()}; isa {torch.backends.cpu.get_cpu_capability()}",
           flush=True)
+
+    def checkpoint(n: int, losses: list[float]) -> None:
+        if n not in args.checkpoints:
+            return
+        model.eval()
+        trained = time.perf_counter() - t0
+        report = quality_report(model, tokenizer, task, name=name, prompt_template=prompt_template,
+                                chat_template=False)
+        model.train()
+        if not args.no_save:
+            _save(model, tokenizer, name, args.seed, spec(n), task, prompt_template, losses, report, trained)
+        cells = " ".join(f"{s} greedy {100 * v['greedy']:5.1f} pass@1 {100 * v['pass@1']:5.1f}"
+                         for s, v in report["skills"].items())
+        o = report["overall"]
+        print(f"{n:>6} loss {sum(losses[-50:]) / len(losses[-50:]):.4f} {cells} | all pass@1 "
+              f"{100 * o['pass@1']:5.1f} | train {trained:6.0f} s, total {time.perf_counter() - t0:6.0f} s",
+              flush=True)
+
+    # the build's own loop (presets/warmstart.py), seeded as presets/build.py seeds a build
     with torch.random.fork_rng(devices=[]), deterministic_kernels():
         torch.manual_seed(full.seed + args.seed)
-        rng = random.Random(full.seed)
-        opt = torch.optim.AdamW(model.parameters(), lr=full.lr, weight_decay=0.0)
-        model.train()
-        for step in range(total):
-            for group in opt.param_groups:
-                group["lr"] = warmup_lr(full, step)
-            batch = [examples[rng.randrange(len(examples))] for _ in range(full.batch_size)]
-            ids, labels, attn = _collate(batch, tokenizer.pad_token_id)
-            loss = target_loss(model, ids, attn, labels)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            losses.append(loss.detach().item())
-            if step + 1 in args.checkpoints:
-                model.eval()
-                trained = time.perf_counter() - t0
-                report = quality_report(model, tokenizer, task, name=name, prompt_template=prompt_template,
-                                        chat_template=False)
-                model.train()
-                n = step + 1
-                if not args.no_save:
-                    _save(model, tokenizer, name, args.seed, spec(n), task, prompt_template, losses, report, trained)
-                cells = " ".join(f"{s} greedy {100 * v['greedy']:5.1f} pass@1 {100 * v['pass@1']:5.1f}"
-                                 for s, v in report["skills"].items())
-                o = report["overall"]
-                print(f"{n:>6} loss {sum(losses[-50:]) / len(losses[-50:]):.4f} {cells} | all pass@1 "
-                      f"{100 * o['pass@1']:5.1f} | train {trained:6.0f} s, total {time.perf_counter() - t0:6.0f} s",
-                      flush=True)
+        warm_start(model, tokenizer, task.train_problems(), lambda q: prompt_template.replace("{problem}", q),
+                   task.target_text, full, desc=f"warm-up {name}",
+                   encode_prompt=lambda text: prompt_ids(tokenizer, text), on_step=checkpoint)
 
 
 def _save(model, tokenizer, name, seed, warmstart, task, prompt_template, losses, report, seconds) -> None:

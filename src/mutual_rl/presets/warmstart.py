@@ -63,9 +63,12 @@ def warm_start(
     spec: WarmStart,
     desc: str = "warm-start",
     encode_prompt: Callable[[str], list[int]] | None = None,
+    on_step: Callable[[int, list[float]], None] | None = None,
 ) -> list[float]:
     """Train ``model`` in place on ``problems``; returns the loss per step. ``encode_prompt``: as in
-    :func:`encode_example` (pass the policy's encoder so that warm-up sees the prompt tokens rollouts see)."""
+    :func:`encode_example` (pass the policy's encoder so that warm-up sees the prompt tokens rollouts see).
+    ``on_step(steps_done, losses)`` runs after every optimizer step (``scripts/warmup_curve.py`` reports and stores
+    checkpoints there; it must leave the model in train mode)."""
     pool = select_problems(problems, spec)
     if not pool:
         raise ValueError("warm-start has no problems to learn from; check warmstart.skills and the task.")
@@ -85,6 +88,8 @@ def warm_start(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.detach().item())
+        if on_step is not None:
+            on_step(step + 1, losses)
     model.eval()
     return losses
 
