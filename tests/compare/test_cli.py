@@ -5,6 +5,7 @@ for figures."""
 from __future__ import annotations
 
 import ast
+import inspect
 import os
 import re
 import subprocess
@@ -12,9 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mutual_rl.cli import main
 from mutual_rl.compare import cli, plots
+from mutual_rl.compare.settings import Settings
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 #: every option of today's driver, as --help spells it, with a word of its help text
 OPTIONS = {
@@ -44,9 +49,16 @@ def test_help_lists_every_argument_with_its_help(capsys):
         assert at, option
         entry = listing[at.start():][:300]
         assert words in entry, (option, entry)
-    assert "(type: int, default: 400)" in text and "(type: tuple[int, ...], default: (0, 1, 2))" in text
+    assert "(type: int, default: 300)" in text and "(type: tuple[int, ...], default: (0, 1, 2))" in text
     assert "mutual-rl compare real --help" in text and "./results/<name>/" in text
     assert "--command" not in text  # the recorded command line is not an option
+
+
+def test_default_steps_are_the_benchmarks():
+    """`compare`'s default budget is the benchmark's own (configs/base.yaml's trainer.max_steps), in both places."""
+    base = yaml.safe_load((CONFIGS / "base.yaml").read_text())
+    steps = base["trainer"]["max_steps"]
+    assert inspect.signature(cli.compare).parameters["steps"].default == steps == Settings().steps == 300
 
 
 def test_real_help_lists_its_arguments(capsys):
@@ -63,7 +75,7 @@ def test_todays_spellings_parse_as_before():
             "--val-per-skill", "8", "--last-k", "1", "--ckpt-every", "3", "--warmstart-steps", "1500", "--smoke",
             "--report-only", "false", "--replot"]
     parsed = cli.parser_for(cli.compare, "t").parse_args(cli.normalize(argv, cli.compare)).as_dict()
-    assert parsed == {"name": "x", "regimes": ("grpo", "graft_stored"), "seeds": (0, 1), "steps": 400,
+    assert parsed == {"name": "x", "regimes": ("grpo", "graft_stored"), "seeds": (0, 1), "steps": 300,
                       "val_every": 5, "val_per_skill": 8, "k": 8, "last_k": 1, "ckpt_every": 3, "parallel": 2,
                       "threads": 1, "results": "results", "warmstart_steps": 1500, "smoke": True,
                       "report_only": False, "from_summary": True, "list": False}

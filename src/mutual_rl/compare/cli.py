@@ -35,7 +35,7 @@ ones shipped in the package (mutual_rl/configs, the repository's configs/)."""
 
 
 def compare(name: str = "embedded", regimes: tuple[str, ...] | None = None, seeds: tuple[int, ...] = (0, 1, 2),
-            steps: int = 400, val_every: int = 100, val_per_skill: int = 400, k: int = 8, last_k: int = 2,
+            steps: int = 300, val_every: int = 100, val_per_skill: int = 400, k: int = 8, last_k: int = 2,
             ckpt_every: int = 50, parallel: int = 2, threads: int = 1, results: str = "results",
             warmstart_steps: int | None = None, smoke: bool = False, report_only: bool = False,
             from_summary: bool = False, list: bool = False, *, command: str = "mutual-rl compare",

@@ -21,7 +21,7 @@ class Settings:
     name: str = "embedded"
     regimes: list[str] = field(default_factory=lambda: list(LABELS))
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    steps: int = 400
+    steps: int = 300
     val_every: int = 100
     val_per_skill: int = 400
     k: int = 8
