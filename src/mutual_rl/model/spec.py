@@ -189,8 +189,10 @@ class PolicySpec:
     compile: bool = False
     """torch.compile this policy's training forwards (the update, old log-probs, regimes' peer forwards) with
     dynamic shapes: a one-off compile (about a minute for a tiny preset on 2 CPU cores), then fused kernels
-    (measured 0.6x the update time of the tiny GPT-2 on CPU). Generation and evaluation stay eager. Needs a C++
-    compiler on CPU; not with FSDP."""
+    (measured 0.6x the update time of the tiny GPT-2 on CPU). Generation and evaluation stay eager. Off by
+    default: on CPU it repays on small models with long completions (~70 steps at 128 tokens), not on the shipped
+    configs' short answers nor on SmolLM2-135M (no faster, ~7 min of compile). Needs a C++ compiler on CPU; not
+    with FSDP."""
     prompt_template: str = "{problem}"
     """How a problem becomes this policy's prompt; {problem} is replaced by the problem text."""
     chat_template: bool = False
