@@ -5,7 +5,13 @@ about ``trainer.precision`` that does (:func:`warn_on_true_half_precision`).
   itself (``mark_consumed`` / ``state_dict``);
 * "overridden `transfer_batch_to_device`": prompts are text, tensors are built per policy on its own device;
 * "Your `IterableDataset` has `__len__` defined": the prompt stream is read by one process;
-* "Using ModelCheckpoint with manual optimization": every training step is one ``global_step`` here.
+* "Using ModelCheckpoint with manual optimization": every training step is one ``global_step`` here;
+* "`isinstance(treespec, LeafSpec)` is deprecated": torch's deprecation of a class that Lightning's own pytree code
+  uses on every step; nothing a user of mutual-rl can change.
+
+And one message of transformers' logger (:class:`FinishedRowPadFilter`): "We strongly recommend passing in an
+`attention_mask`". Our ``generate`` calls always pass the mask; transformers itself drops a mask of all ones (no
+padded prompt) and then, on a decoding step, sees a finished row's pad token (GPT-2's pad is its EOS) with no mask.
 
 :func:`ignore_inapplicable_warnings` is called from ``MutualRLModule.setup``, so importing the package changes no
 global warning filter; calling it again adds no duplicate filter.
@@ -13,6 +19,7 @@ global warning filter; calling it again adds no duplicate filter.
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 INAPPLICABLE_WARNINGS = (
@@ -20,13 +27,30 @@ INAPPLICABLE_WARNINGS = (
     r".*overridden `transfer_batch_to_device` in `LightningModule`.*",
     r".*Your `IterableDataset` has `__len__` defined.*",
     r".*Using ModelCheckpoint with manual optimization.*",
+    r".*`isinstance\(treespec, LeafSpec\)` is deprecated.*",
 )
+
+#: the transformers logger that says "We strongly recommend passing in an `attention_mask`"
+TRANSFORMERS_LOGGER = "transformers.modeling_utils"
+
+
+class FinishedRowPadFilter(logging.Filter):
+    """Drops transformers' "We strongly recommend passing in an `attention_mask`" record; keeps every other one."""
+
+    MESSAGE = "We strongly recommend passing in an `attention_mask`"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.MESSAGE)
 
 
 def ignore_inapplicable_warnings() -> None:
-    """Add an ``ignore`` filter for each message of :data:`INAPPLICABLE_WARNINGS` (idempotent)."""
+    """Add an ``ignore`` filter for each message of :data:`INAPPLICABLE_WARNINGS` and a :class:`FinishedRowPadFilter`
+    to transformers' logger (idempotent)."""
     for msg in INAPPLICABLE_WARNINGS:
         warnings.filterwarnings("ignore", message=msg)
+    logger = logging.getLogger(TRANSFORMERS_LOGGER)
+    if not any(isinstance(f, FinishedRowPadFilter) for f in logger.filters):
+        logger.addFilter(FinishedRowPadFilter())
 
 
 TRUE_HALF_PRECISIONS = ("bf16-true", "16-true", "bf16", "16", "half")

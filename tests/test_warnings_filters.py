@@ -1,0 +1,63 @@
+"""What ``ignore_inapplicable_warnings`` silences when a fit starts: torch's LeafSpec deprecation (raised by
+Lightning's own code) and transformers' padding false alarm, and nothing else of either."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from mutual_rl.warnings_filters import TRANSFORMERS_LOGGER, FinishedRowPadFilter, ignore_inapplicable_warnings
+
+LEAFSPEC = "`isinstance(treespec, LeafSpec)` is deprecated, use `isinstance(treespec, TreeSpec) and treespec.is_leaf()`"
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def transformers_logger():
+    logger = logging.getLogger(TRANSFORMERS_LOGGER)
+    handler, filters = _Collect(), list(logger.filters)
+    logger.addHandler(handler)
+    yield logger, handler
+    logger.removeHandler(handler)
+    logger.filters[:] = filters
+
+
+def _forward_with_a_finished_row(model) -> None:
+    logging.Logger.warning_once.cache_clear()  # transformers says it once per process
+    model(input_ids=torch.tensor([[3, 5, 2], [4, 2, 2]]))  # row 2 ended (pad = EOS = 2), no mask: as in generate
+
+
+def test_padding_false_alarm_is_dropped_and_other_records_kept(transformers_logger):
+    logger, seen = transformers_logger
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=8, n_embd=8, n_layer=1, n_head=2, n_positions=8,
+                                       pad_token_id=2, eos_token_id=2, bos_token_id=2))
+    _forward_with_a_finished_row(model)
+    assert len(seen.messages) == 1 and seen.messages[0].startswith(FinishedRowPadFilter.MESSAGE)  # the real message
+    seen.messages.clear()
+    ignore_inapplicable_warnings()
+    ignore_inapplicable_warnings()  # idempotent
+    assert sum(isinstance(f, FinishedRowPadFilter) for f in logger.filters) == 1
+    _forward_with_a_finished_row(model)
+    logger.warning("another transformers warning")
+    assert seen.messages == ["another transformers warning"]
+
+
+def test_leafspec_deprecation_is_ignored_and_other_future_warnings_are_not():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ignore_inapplicable_warnings()
+        warnings.warn(LEAFSPEC, FutureWarning, stacklevel=1)  # ignored
+        with pytest.raises(FutureWarning, match="something else"):
+            warnings.warn("something else is deprecated", FutureWarning, stacklevel=1)
