@@ -2,7 +2,8 @@
 policy's held-out pass@1 (overall and per skill) and, for each direction A->B, the share of A's all-fail prompts
 (no correct sample of k = 8) that B solves, and how often B's group there is mixed or all-pass.
 
-Usage (preset folders from the cache, ``$MUTUAL_RL_CACHE/presets/<name>-<hash>``)::
+Usage (preset folders from the cache, ``$MUTUAL_RL_CACHE/presets/<name>-<hash>``, or the shipped ones in
+``src/mutual_rl/presets/shipped/``)::
 
     python scripts/preconditions.py gpt2=<folder> llama=<folder> --temperatures 0.6 1.0
 """
@@ -16,7 +17,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.evaluation.benchmarks import evaluate_problems
-from mutual_rl.presets.quality import _BuildPolicy
+from mutual_rl.presets.quality import BuildPolicy
 
 
 def main() -> None:
@@ -29,11 +30,13 @@ def main() -> None:
     problems = task.heldout_problems()
     policies = []
     for item in args.policies:
-        name, folder = item.split("=", 1)
+        name, eq, folder = item.partition("=")
+        if not (name and eq and folder):
+            ap.error(f"{item!r}: give each policy as NAME=PRESET_FOLDER, e.g. gpt2=$MUTUAL_RL_CACHE/presets/<name>-<hash>")
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         tok = PreTrainedTokenizerFast.from_pretrained(folder)
         tok.padding_side = "left"
-        policies.append(_BuildPolicy(name, model, tok, "{problem}", False, 8))
+        policies.append(BuildPolicy(name, model, tok, "{problem}", False, 8))
     for t in args.temperatures:
         results, comp = evaluate_problems(policies, problems, reward=task.default_reward, k=args.k, temperature=t,
                                           top_p=0.95 if t < 1.0 else 1.0, max_new_tokens=8, seed=1234,

@@ -37,7 +37,7 @@ def quality_report(model, tokenizer, task, *, name: str, prompt_template: str, c
     problems = task.heldout_problems()
     longest = max(len(tokenizer(task.target_text(p), add_special_tokens=False)["input_ids"]) for p in problems)
     max_new = longest + 4
-    policy = _BuildPolicy(name, model, tokenizer, prompt_template, chat_template, max_new)
+    policy = BuildPolicy(name, model, tokenizer, prompt_template, chat_template, max_new)
     try:
         results, _ = evaluate_problems(policy, problems, reward=task.default_reward, k=K, temperature=TEMPERATURE,
                                        top_p=TOP_P, max_new_tokens=max_new, seed=SEED, progress=False)
@@ -53,7 +53,7 @@ def quality_report(model, tokenizer, task, *, name: str, prompt_template: str, c
     }
 
 
-class _BuildPolicy:
+class BuildPolicy:
     """What evaluation reads of a policy, for a model that is not a policy yet (presets must not import
     ``model.policy``, which loads presets): name, model, tokenizer, device, prompt rendering and encoding exactly
     as :class:`~mutual_rl.model.policy.Policy` does without prompt truncation, sampling settings."""
