@@ -21,6 +21,7 @@ import subprocess
 from pathlib import Path
 
 from mutual_rl.compare import delta, plots, tags
+from mutual_rl.compare.claims import claim_lines
 from mutual_rl.compare.runs import first_at, last_k_mean, load, per_step, policies_of
 from mutual_rl.compare.settings import Settings
 from mutual_rl.compare.stats import beyond_spread, delta_se, mean_std
@@ -133,7 +134,8 @@ def table_head(s: Settings, s0, info) -> list[str]:
 
 
 def table_body(regimes: list[str], summary: dict, policies, metrics, compute: dict) -> list[str]:
-    """One table per policy (pass@1 per regime, overall and per skill, Δ vs GRPO), then the compute table."""
+    """One table per policy (pass@1 per regime, overall and per skill, Δ vs GRPO), the papers' orderings checked
+    (:mod:`mutual_rl.compare.claims`), then the compute table."""
     lines: list[str] = []
     for p in policies:
         lines += [f"## {p}", "", "| regime | seeds | " + " | ".join(metrics) + " | Δ pass@1 vs GRPO | beyond spread |",
@@ -154,7 +156,8 @@ def table_body(regimes: list[str], summary: dict, policies, metrics, compute: di
             seeds = len([v for v in row["pass@1"]["values"] if v == v])  # a 1-seed row has no spread ("± 0.0")
             lines.append(f"| {label} | {seeds} | " + " | ".join(cells) + f" | {delta} | {spread} |")
         lines += ["", f"(pass@1 at step 0, before RL: {100 * start:.1f})", ""]
-    return lines + ["## Compute", "", *compute_lines(compute, regimes)]
+    return lines + claim_lines({lab: summary[lab] for lab in regimes if lab in summary}) + \
+        ["## Compute", "", *compute_lines(compute, regimes)]
 
 
 # ------------------------------------------------------------------------------------------------ diagnostics
