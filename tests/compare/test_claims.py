@@ -66,7 +66,7 @@ def test_section_lines_and_counts():
                "sgt": {"gpt2": _cell([0.45])}}  # one seed: n/a
     lines = claim_lines(summary)
     assert lines[0] == "## The papers' orderings"
-    assert "| graft | `>` | grpo | gpt2 | +11.0 ± 2.6 | holds | GRAFT abstract, Table 1 | " in "\n".join(lines)
+    assert "| graft | `>` | grpo | gpt2 | +11.0 ± 2.6 | holds | GRAFT abstract, introduction, Table 1 | " in "\n".join(lines)
     assert "| graft | `>` | sgt | gpt2 | +7.0 | n/a (1 seed) |" in "\n".join(lines)
     assert "| sgt | `>` | grpo | gpt2 | +4.0 | n/a (1 seed) |" in "\n".join(lines)
     assert lines[-2] == "Verdicts: holds 1, n/a (1 seed) 2."
