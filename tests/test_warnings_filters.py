@@ -26,12 +26,17 @@ class _Collect(logging.Handler):
 
 @pytest.fixture
 def transformers_logger():
+    """transformers' logger as a fit leaves it (an earlier fit in this process may have added the filter) is put
+    back after the test; in it, no filter and the WARNING level, whatever earlier tests set."""
     logger = logging.getLogger(TRANSFORMERS_LOGGER)
-    handler, filters = _Collect(), list(logger.filters)
+    handler, filters, level = _Collect(), list(logger.filters), logger.level
+    logger.filters[:] = [f for f in filters if not isinstance(f, FinishedRowPadFilter)]
+    logger.setLevel(logging.WARNING)
     logger.addHandler(handler)
     yield logger, handler
     logger.removeHandler(handler)
     logger.filters[:] = filters
+    logger.setLevel(level)
 
 
 def _forward_with_a_finished_row(model) -> None:
