@@ -103,7 +103,9 @@ def real_setup():
         cli = build_cli(["--config", str(REAL_CONFIG), "--trainer.logger", "false"], run=False)
     finally:
         sys.argv = argv
-    return list(cli.model.specs), cli.datamodule.task, "boxed_integer_match", cli.model.algorithm
+    task = cli.datamodule.task
+    reward = cli.model.reward_name or getattr(task, "default_reward", "integer_match")  # as the module resolves it
+    return list(cli.model.specs), task, reward, cli.model.algorithm
 
 
 def problems_for(args) -> list:
