@@ -1,5 +1,6 @@
 """What ``ignore_inapplicable_warnings`` silences when a fit starts: torch's LeafSpec deprecation (raised by
-Lightning's own code) and transformers' padding false alarm, and nothing else of either."""
+Lightning's own code) and transformers' padding false alarm, and nothing else of either; our own ``generate`` calls
+drop the false alarm outside a fit too."""
 
 from __future__ import annotations
 
@@ -66,3 +67,48 @@ def test_leafspec_deprecation_is_ignored_and_other_future_warnings_are_not():
         warnings.warn(LEAFSPEC, FutureWarning, stacklevel=1)  # ignored
         with pytest.raises(FutureWarning, match="something else"):
             warnings.warn("something else is deprecated", FutureWarning, stacklevel=1)
+
+
+def test_our_generate_drops_the_false_alarm_outside_a_fit(transformers_logger, monkeypatch):
+    """An evaluation outside a fit (``scripts/preconditions.py``, a comparison's step 0): the HF engine installs
+    the filter itself. Same-length prompts (transformers then drops the all-ones mask) and an EOS made likely, so
+    rows finish early and are padded: without the filter the message is printed."""
+    from mutual_rl.data.task import ArithmeticTask
+    from mutual_rl.model.policy import build_policy
+    from mutual_rl.model.spec import SamplingSpec
+    from mutual_rl.rollout import hf
+    from mutual_rl.types import Problem
+    from tests.module.helpers import TASK, spec
+
+    logger, seen = transformers_logger
+    policy = build_policy(spec("p", "tiny:gpt2-bpe"), task=ArithmeticTask(**TASK))
+    eos = policy.tokenizer.eos_token_id
+
+    def likely_eos(module, args, out):
+        out = out.clone()
+        out[..., eos] += 4.0
+        return out
+
+    head = policy.model.get_output_embeddings()
+    handle = head.register_forward_hook(likely_eos)
+    problems = [Problem(1, "3+4=", "7", "add"), Problem(2, "5+1=", "6", "add")]
+    assert len({len(policy.encode_prompt(p.problem)) for p in problems}) == 1  # no padding: the mask is all ones
+
+    def run() -> list:
+        logging.Logger.warning_once.cache_clear()
+        torch.manual_seed(0)
+        return [r for g in hf.HFRolloutEngine().generate(policy, problems, SamplingSpec(n=4, max_new_tokens=6), step=0)
+                for r in g]
+
+    try:
+        with monkeypatch.context() as m:  # the control: the engine without its filter prints the message
+            m.setattr(hf, "silence_finished_row_pad_alarm", lambda: None)
+            rows = run()
+        assert any(r.finish_reason == "eos" and len(r.response_ids) < 6 for r in rows)  # a row finished early
+        assert [x for x in seen.messages if x.startswith(FinishedRowPadFilter.MESSAGE)]
+        seen.messages.clear()
+        run()
+        assert not [x for x in seen.messages if x.startswith(FinishedRowPadFilter.MESSAGE)]
+        assert sum(isinstance(f, FinishedRowPadFilter) for f in logger.filters) == 1
+    finally:
+        handle.remove()

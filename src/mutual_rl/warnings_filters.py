@@ -14,7 +14,10 @@ And one message of transformers' logger (:class:`FinishedRowPadFilter`): "We str
 padded prompt) and then, on a decoding step, sees a finished row's pad token (GPT-2's pad is its EOS) with no mask.
 
 :func:`ignore_inapplicable_warnings` is called from ``MutualRLModule.setup``, so importing the package changes no
-global warning filter; calling it again adds no duplicate filter.
+global warning filter; calling it again adds no duplicate filter. The transformers filter alone
+(:func:`silence_finished_row_pad_alarm`) is also installed by our own ``generate`` calls (the HF rollout engine and
+greedy evaluation), so evaluations outside a fit (``scripts/preconditions.py``, a comparison's step 0) do not print
+the false alarm either.
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ def ignore_inapplicable_warnings() -> None:
     to transformers' logger (idempotent)."""
     for msg in INAPPLICABLE_WARNINGS:
         warnings.filterwarnings("ignore", message=msg)
+    silence_finished_row_pad_alarm()
+
+
+def silence_finished_row_pad_alarm() -> None:
+    """Add a :class:`FinishedRowPadFilter` to transformers' logger unless it has one: called before each of our
+    ``generate`` calls, which always pass the attention mask."""
     logger = logging.getLogger(TRANSFORMERS_LOGGER)
     if not any(isinstance(f, FinishedRowPadFilter) for f in logger.filters):
         logger.addFilter(FinishedRowPadFilter())

@@ -21,6 +21,7 @@ from mutual_rl.rollout.hf import only_config
 from mutual_rl.strategies import generation_params
 from mutual_rl.types import Problem
 from mutual_rl.update.lockstep import in_lockstep, padded
+from mutual_rl.warnings_filters import silence_finished_row_pad_alarm
 
 
 @torch.no_grad()
@@ -33,6 +34,7 @@ def greedy_generate(policy, problems: Sequence[Problem], max_new_tokens: int, ba
     model = policy.model
     was_training = model.training
     model.eval()
+    silence_finished_row_pad_alarm()  # the mask is passed: transformers' padding warning is a false alarm
     out: list[str] = []
     synced = in_lockstep(policy)  # FSDP, several ranks: same number of generate calls everywhere
     starts = padded(policy, list(range(0, len(prompt_ids), batch_size)))
