@@ -118,6 +118,8 @@ DIAG_GROUPS = {
     "Outcomes and updates": ("all_fail_frac", "mixed_frac", "all_pass_frac", "skipped_frac", "nll", "entropy",
                              "approx_kl", "self/approx_kl", "self/clip_frac_low", "self/clip_frac_high",
                              "peer/clip_frac_low", "peer/clip_frac_high"),
+    "Peer rows and HACPO's ratios": ("peer/approx_kl", "peer/ratio_mean", "L_m", "peer/seq_ratio_mean",
+                                     "self/seq_ratio_mean", "self/clip_frac"),
     "Transfer (SGT, GRAFT)": ("rescued", "gate_rate", "candidates", "selected", "transferred_groups",
                               "transferred_responses", "admitted_frac"),
     "GRAFT gate by peer outcome and compatibility": (
