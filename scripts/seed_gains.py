@@ -22,9 +22,7 @@ import sys
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-# Student t quantiles (two-sided 5 %: 0.975; power 80 %: 0.8) by degrees of freedom 2n - 2
-T975 = {2: 4.303, 4: 2.776, 6: 2.447, 8: 2.306, 10: 2.228, 18: 2.101}
-T80 = {2: 1.061, 4: 0.941, 6: 0.906, 8: 0.889, 10: 0.879, 18: 0.862}
+from mutual_rl.compare.stats import mean_std, min_detectable_difference
 
 
 def pass1(folder: str) -> dict[str, list[tuple[int, float]]]:
@@ -49,11 +47,11 @@ def main(folders: list[str], last: int = 2) -> None:
                   f"{end - start:+.1f}")
         if n < 2:
             continue
-        sd = statistics.stdev(ends)
-        df = 2 * n - 2
-        mdd = (T975[df] + T80[df]) * sd * (2 / n) ** 0.5 if df in T975 else float("nan")
-        print(f"  end {statistics.fmean(ends):.1f} +- {sd:.1f}; gain {statistics.fmean(gains):+.1f} +- "
-              f"{statistics.stdev(gains):.1f} (min {min(gains):+.1f}); at n = {n} seeds per arm: 2-SE "
+        end_mean, sd = mean_std(ends)
+        gain, gain_sd = mean_std(gains)
+        mdd = min_detectable_difference(sd, n)
+        print(f"  end {end_mean:.1f} +- {sd:.1f}; gain {gain:+.1f} +- {gain_sd:.1f} (min {min(gains):+.1f}); "
+              f"at n = {n} seeds per arm: 2-SE "
               f"{2 * sd * (2 / n) ** 0.5:.1f} points, MDD (alpha .05, power .8) {mdd:.1f} points")
 
 

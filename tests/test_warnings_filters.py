@@ -4,6 +4,7 @@ drop the false alarm outside a fit too."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 
@@ -102,13 +103,17 @@ def test_our_generate_drops_the_false_alarm_outside_a_fit(transformers_logger, m
 
     try:
         with monkeypatch.context() as m:  # the control: the engine without its filter prints the message
-            m.setattr(hf, "silence_finished_row_pad_alarm", lambda: None)
+            m.setattr(hf, "finished_row_pad_alarm_silenced", contextlib.nullcontext)
             rows = run()
         assert any(r.finish_reason == "eos" and len(r.response_ids) < 6 for r in rows)  # a row finished early
         assert [x for x in seen.messages if x.startswith(FinishedRowPadFilter.MESSAGE)]
         seen.messages.clear()
         run()
         assert not [x for x in seen.messages if x.startswith(FinishedRowPadFilter.MESSAGE)]
-        assert sum(isinstance(f, FinishedRowPadFilter) for f in logger.filters) == 1
+        assert not any(isinstance(f, FinishedRowPadFilter) for f in logger.filters)  # for the call only
+        pad = policy.tokenizer.pad_token_id
+        logging.Logger.warning_once.cache_clear()
+        policy.model(input_ids=torch.tensor([[3, 5, pad], [4, pad, pad]]))  # a user's mask-less call: still warned
+        assert [x for x in seen.messages if x.startswith(FinishedRowPadFilter.MESSAGE)]
     finally:
         handle.remove()

@@ -14,16 +14,17 @@ And one message of transformers' logger (:class:`FinishedRowPadFilter`): "We str
 padded prompt) and then, on a decoding step, sees a finished row's pad token (GPT-2's pad is its EOS) with no mask.
 
 :func:`ignore_inapplicable_warnings` is called from ``MutualRLModule.setup``, so importing the package changes no
-global warning filter; calling it again adds no duplicate filter. The transformers filter alone
-(:func:`silence_finished_row_pad_alarm`) is also installed by our own ``generate`` calls (the HF rollout engine and
-greedy evaluation), so evaluations outside a fit (``scripts/preconditions.py``, a comparison's step 0) do not print
-the false alarm either.
+global warning filter; calling it again adds no duplicate filter. Our own ``generate`` calls (the HF rollout engine
+and greedy evaluation) also run inside :func:`finished_row_pad_alarm_silenced`, which adds the transformers filter
+for the call only, so evaluations outside a fit (``scripts/preconditions.py``, a comparison's step 0) do not print
+the false alarm either, and a user's own mask-less model calls outside a fit still get the warning.
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
+from contextlib import contextmanager
 
 INAPPLICABLE_WARNINGS = (
     r".*resuming from a checkpoint that ended before the epoch ended.*",
@@ -51,15 +52,25 @@ def ignore_inapplicable_warnings() -> None:
     to transformers' logger (idempotent)."""
     for msg in INAPPLICABLE_WARNINGS:
         warnings.filterwarnings("ignore", message=msg)
-    silence_finished_row_pad_alarm()
-
-
-def silence_finished_row_pad_alarm() -> None:
-    """Add a :class:`FinishedRowPadFilter` to transformers' logger unless it has one: called before each of our
-    ``generate`` calls, which always pass the attention mask."""
     logger = logging.getLogger(TRANSFORMERS_LOGGER)
     if not any(isinstance(f, FinishedRowPadFilter) for f in logger.filters):
         logger.addFilter(FinishedRowPadFilter())
+
+
+@contextmanager
+def finished_row_pad_alarm_silenced():
+    """Inside: transformers' logger has a :class:`FinishedRowPadFilter` (our ``generate`` calls always pass the
+    attention mask); on exit the filter is removed again, unless it was there before (a fit's)."""
+    logger = logging.getLogger(TRANSFORMERS_LOGGER)
+    if any(isinstance(f, FinishedRowPadFilter) for f in logger.filters):
+        yield
+        return
+    added = FinishedRowPadFilter()
+    logger.addFilter(added)
+    try:
+        yield
+    finally:
+        logger.removeFilter(added)
 
 
 TRUE_HALF_PRECISIONS = ("bf16-true", "16-true", "bf16", "16", "half")

@@ -134,6 +134,8 @@ def test_compare_new_labels_smoke(tmp_path, capsys):
         assert comp["policies"][p]["generated_tokens"] == pytest.approx(sum(v for _, v in sc[f"{p}/generated_tokens"]))
     assert "## Dynamic sampling (DAPO)" in diag and "dynamic_sampling/extra_rollouts" in diag
     assert "## F-TIS" in diag and "| ftis | gpt2 |" in diag
+    peer_rows = diag.split("## Peer rows and HACPO's ratios")[1].split("\n## ")[0]
+    assert "peer/approx_kl" in peer_rows and "| ftis | llama |" in peer_rows  # F-TIS's peer rows
     regimes = {lab: yaml.safe_load((out / "runs" / f"{lab}-s0" / "config.yaml").read_text())["model"]["regime"]
                for lab in NEW_LABELS}
     assert regimes["ftis"]["class_path"] == "FTIS"

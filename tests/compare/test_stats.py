@@ -20,10 +20,22 @@ def test_t_quantiles_match_the_printed_table(p, df, expected):
 
 
 def test_t_cdf_known_values():
-    assert t_cdf(0.0, 3) == 0.5
+    assert t_cdf(0.0, 3) == 0.5 and t_cdf(0.0, 4) == 0.5
     assert t_cdf(1.0, 1) == pytest.approx(0.75, abs=1e-10)  # Cauchy: 1/2 + atan(1)/π
     assert t_cdf(-1.0, 1) == pytest.approx(0.25, abs=1e-10)
-    assert t_cdf(2.0, 2) == pytest.approx(0.5 + 2 / (2 * math.sqrt(6)), abs=1e-10)  # df 2: 1/2 + x/(2 sqrt(2+x²))
+    assert t_cdf(2.0, 2) == pytest.approx(0.5 + 2 / (2 * math.sqrt(6)), abs=1e-12)  # df 2: 1/2 + x/(2 sqrt(2+x²))
+    assert t_cdf(-2.0, 2) == pytest.approx(0.5 - 2 / (2 * math.sqrt(6)), abs=1e-12)
+    # far tails and infinities (a quadrature would drift there): Cauchy's 0.9999 quantile is cot(π / 10^4)
+    assert t_quantile(0.9999, 1) == pytest.approx(1 / math.tan(math.pi * 1e-4), rel=1e-9)
+    assert t_cdf(1e4, 3) == pytest.approx(1.0, abs=1e-11) and t_cdf(1e4, 3) <= 1.0
+    assert t_cdf(math.inf, 3) == 1.0 and t_cdf(-math.inf, 2) == 0.0 and math.isnan(t_cdf(math.nan, 3))
+    # df 3 closed form: 1/2 + (θ + sin θ cos θ) / π, θ = atan(x / sqrt 3)
+    theta = math.atan(1.5 / math.sqrt(3))
+    assert t_cdf(1.5, 3) == pytest.approx(0.5 + (theta + math.sin(theta) * math.cos(theta)) / math.pi, abs=1e-14)
+    with pytest.raises(ValueError, match="integer >= 1"):
+        t_cdf(1.0, 2.5)
+    with pytest.raises(ValueError, match="p must be in"):
+        t_quantile(0.4, 3)
 
 
 def test_min_detectable_difference_by_hand():
@@ -33,15 +45,14 @@ def test_min_detectable_difference_by_hand():
     # 6 seeds per arm: df 10, (2.2281 + 0.8791) * sqrt(1/3) = 1.7939
     assert min_detectable_difference(1.0, 6) == pytest.approx(1.7939, abs=1e-3)
     assert math.isnan(min_detectable_difference(1.0, 1)) and math.isnan(min_detectable_difference(float("nan"), 3))
-    with pytest.raises(ValueError, match="p must be in"):
-        t_quantile(0.4, 3)
 
 
 def test_grpo_gain_line():
     # GRPO ends 0.59, 0.60, 0.61 from 0.48: gain +12.0 ± 1.0; MDD 3.0352 * 1.0
     line = grpo_gain_text([0.59, 0.60, float("nan"), 0.61], 0.48)
-    assert line == ("; GRPO's own gain +12.0 ± 1.0 points over 3 seeds (mean ± std); minimum detectable difference "
-                    "vs GRPO at 3 seeds per arm: 3.0 points (two-sided two-sample t-test, α 0.05, power 0.8, "
-                    "GRPO's std)")
-    assert grpo_gain_text([0.59], 0.48) == "; GRPO's own gain +11.0 points (1 seed)"
+    assert line == ("GRPO's own gain: +12.0 ± 1.0 points over 3 seeds (mean ± std). Minimum detectable difference "
+                    "vs GRPO at 3 seeds per arm, for a regime with GRPO's seed-to-seed spread: 3.0 points (two-sided "
+                    "t-test, α 0.05, power ≈ 0.8; 'beyond spread' is the looser |Δ| > 2 SE).")
+    assert "spread: n/a (no spread over seeds)" in grpo_gain_text([0.6, 0.6], 0.48)
+    assert grpo_gain_text([0.59], 0.48) == "GRPO's own gain: +11.0 points (1 seed)."
     assert grpo_gain_text([], 0.48) == "" and grpo_gain_text([0.5], float("nan")) == ""

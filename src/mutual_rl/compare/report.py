@@ -156,25 +156,28 @@ def table_body(regimes: list[str], summary: dict, policies, metrics, compute: di
             spread = beyond_spread(row["pass@1"]["values"], base) if label != "grpo" and base else "—"
             seeds = len([v for v in row["pass@1"]["values"] if v == v])  # a 1-seed row has no spread ("± 0.0")
             lines.append(f"| {label} | {seeds} | " + " | ".join(cells) + f" | {delta} | {spread} |")
-        lines += ["", f"(pass@1 at step 0, before RL: {100 * start:.1f}{grpo_gain_text(base, start)})", ""]
+        lines += ["", f"(pass@1 at step 0, before RL: {100 * start:.1f})", ""]
+        gain = grpo_gain_text(base, start)
+        lines += [gain, ""] if gain else []
     return lines + claim_lines({lab: summary[lab] for lab in regimes if lab in summary}) + \
         ["## Compute", "", *compute_lines(compute, regimes)]
 
 
 def grpo_gain_text(base: list[float], start: float) -> str:
-    """GRPO's own gain (final pass@1 − step 0, mean ± std over seeds) and the minimum detectable difference vs GRPO
-    at the same number of seeds per arm (:func:`~mutual_rl.compare.stats.min_detectable_difference` with GRPO's
-    seed-to-seed std), appended to the step-0 line under a policy's table; empty without a GRPO row."""
+    """The line under a policy's table: GRPO's own gain (final pass@1 − step 0, mean ± std over seeds) and the
+    minimum detectable difference vs GRPO at the same number of seeds per arm, for a regime with GRPO's
+    seed-to-seed spread (:func:`~mutual_rl.compare.stats.min_detectable_difference`); empty without a GRPO row."""
     vals = [v for v in base if not math.isnan(v)]
     if not vals or math.isnan(start):
         return ""
     mu, sd = mean_std(vals)
     if len(vals) < 2:
-        return f"; GRPO's own gain {100 * (mu - start):+.1f} points (1 seed)"
-    mdd = min_detectable_difference(sd, len(vals))
-    return (f"; GRPO's own gain {100 * (mu - start):+.1f} ± {100 * sd:.1f} points over {len(vals)} seeds "
-            f"(mean ± std); minimum detectable difference vs GRPO at {len(vals)} seeds per arm: {100 * mdd:.1f} "
-            "points (two-sided two-sample t-test, α 0.05, power 0.8, GRPO's std)")
+        return f"GRPO's own gain: {100 * (mu - start):+.1f} points (1 seed)."
+    n = len(vals)
+    mdd = f"{100 * min_detectable_difference(sd, n):.1f} points" if sd > 0 else "n/a (no spread over seeds)"
+    return (f"GRPO's own gain: {100 * (mu - start):+.1f} ± {100 * sd:.1f} points over {n} seeds (mean ± std). "
+            f"Minimum detectable difference vs GRPO at {n} seeds per arm, for a regime with GRPO's seed-to-seed "
+            f"spread: {mdd} (two-sided t-test, α 0.05, power ≈ 0.8; 'beyond spread' is the looser |Δ| > 2 SE).")
 
 
 # ------------------------------------------------------------------------------------------------ diagnostics

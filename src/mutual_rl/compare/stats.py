@@ -44,20 +44,28 @@ def count(x: float) -> str:
 
 
 def t_cdf(x: float, df: int) -> float:
-    """Student's t distribution function with ``df`` degrees of freedom: 1/2 plus the density integrated from 0 to
-    ``x`` (Simpson's rule, 2,000 intervals; the density is smooth, so this is accurate to ~1e-10 for the quantiles
-    used here)."""
-    if df < 1:
-        raise ValueError(f"t_cdf: df must be >= 1, got {df}")
-    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
-
-    def pdf(t: float) -> float:
-        return c * (1 + t * t / df) ** (-(df + 1) / 2)
-
-    n, h = 2000, abs(x) / 2000
-    area = pdf(0.0) + pdf(abs(x)) + sum((4 if i % 2 else 2) * pdf(i * h) for i in range(1, n))
-    half = area * h / 3
-    return 0.5 + half if x >= 0 else 0.5 - half
+    """Student's t distribution function with an integer ``df`` >= 1, in closed form (Abramowitz & Stegun 26.7.3
+    and 26.7.4, with ``θ = atan(x / sqrt(df))``): exact for every ``x``, ``±inf`` included."""
+    if int(df) != df or df < 1:
+        raise ValueError(f"t_cdf: df must be an integer >= 1, got {df}")
+    df = int(df)
+    if math.isnan(x):
+        return float("nan")
+    theta = math.atan(x / math.sqrt(df)) if not math.isinf(x) else math.copysign(math.pi / 2, x)
+    c2, sin = math.cos(theta) ** 2, math.sin(theta)
+    if df % 2:  # odd: (2/π) (θ + sin θ (cos θ + (2/3) cos³θ + ... up to cos^{df-2} θ))
+        term, total = math.cos(theta), 0.0
+        for k in range(1, (df - 1) // 2 + 1):
+            total += term
+            term *= c2 * (2 * k) / (2 * k + 1)
+        a = 2 / math.pi * (theta + sin * total)
+    else:  # even: sin θ (1 + (1/2) cos²θ + (1·3)/(2·4) cos⁴θ + ... up to cos^{df-2} θ)
+        term, total = 1.0, 0.0
+        for k in range(1, df // 2 + 1):
+            total += term
+            term *= c2 * (2 * k - 1) / (2 * k)
+        a = sin * total
+    return 0.5 + a / 2  # a = P(|T| <= x) signed like x
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -67,17 +75,19 @@ def t_quantile(p: float, df: int) -> float:
     lo, hi = 0.0, 1.0
     while t_cdf(hi, df) < p:
         lo, hi = hi, 2 * hi
-    for _ in range(60):
+    for _ in range(200):
         mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            break
         lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
     return (lo + hi) / 2
 
 
 def min_detectable_difference(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
-    """The smallest difference of means that a two-sided two-sample t-test with ``n`` seeds per arm and the
-    seed-to-seed standard deviation ``sd`` (equal in both arms) detects at level ``alpha`` with probability
-    ``power``: ``(t_{1-α/2, 2n-2} + t_{power, 2n-2}) · sd · sqrt(2 / n)`` (3.03 × sd at n = 3). NaN for fewer than
-    2 seeds or a NaN sd."""
+    """The difference of means that a two-sided two-sample t-test with ``n`` seeds per arm detects at level
+    ``alpha`` with probability ≈ ``power`` when both arms have the seed-to-seed standard deviation ``sd``:
+    ``(t_{1-α/2, 2n-2} + t_{power, 2n-2}) · sd · sqrt(2 / n)`` (the usual central-t approximation; 3.03 × sd at
+    n = 3). NaN for fewer than 2 seeds or a NaN sd."""
     if n < 2 or math.isnan(sd):
         return float("nan")
     df = 2 * n - 2

@@ -21,7 +21,7 @@ from mutual_rl.rollout.hf import only_config
 from mutual_rl.strategies import generation_params
 from mutual_rl.types import Problem
 from mutual_rl.update.lockstep import in_lockstep, padded
-from mutual_rl.warnings_filters import silence_finished_row_pad_alarm
+from mutual_rl.warnings_filters import finished_row_pad_alarm_silenced
 
 
 @torch.no_grad()
@@ -34,7 +34,6 @@ def greedy_generate(policy, problems: Sequence[Problem], max_new_tokens: int, ba
     model = policy.model
     was_training = model.training
     model.eval()
-    silence_finished_row_pad_alarm()  # the mask is passed: transformers' padding warning is a false alarm
     out: list[str] = []
     synced = in_lockstep(policy)  # FSDP, several ranks: same number of generate calls everywhere
     starts = padded(policy, list(range(0, len(prompt_ids), batch_size)))
@@ -47,7 +46,9 @@ def greedy_generate(policy, problems: Sequence[Problem], max_new_tokens: int, ba
             for r, p in enumerate(chunk):  # left padding
                 ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
                 attn[r, width - len(p):] = 1
-            with generation_params(model) as gen_model, only_config(gen_model, cfg), decode_attention(gen_model):
+            # the mask is passed: transformers' padding warning is a false alarm
+            with generation_params(model) as gen_model, only_config(gen_model, cfg), decode_attention(gen_model), \
+                    finished_row_pad_alarm_silenced():
                 seq = gen_model.generate(input_ids=ids.to(policy.device), attention_mask=attn.to(policy.device),
                                          generation_config=cfg, **({"synced_gpus": True} if synced else {}))
             seq = seq[:, width:].cpu()

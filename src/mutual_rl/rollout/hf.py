@@ -47,7 +47,7 @@ from mutual_rl.strategies import generation_params
 from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Problem, Rollout
 from mutual_rl.update.lockstep import in_lockstep, padded
-from mutual_rl.warnings_filters import silence_finished_row_pad_alarm
+from mutual_rl.warnings_filters import finished_row_pad_alarm_silenced
 
 
 class NonFiniteLogitsError(FloatingPointError):
@@ -139,9 +139,9 @@ class HFRolloutEngine(RolloutEngine):
         if recorder:
             extra.update(logits_processor=LogitsProcessorList([recorder]), streamer=recorder)
         ids, attn = ids.to(dev), attn.to(dev)
-        silence_finished_row_pad_alarm()  # the mask is passed: transformers' padding warning is a false alarm
+        # the mask is passed: transformers' padding warning is a false alarm
         with generation_params(policy.model) as model, only_config(model, cfg), \
-                decode_attention(model, self.decode_attention):
+                decode_attention(model, self.decode_attention), finished_row_pad_alarm_silenced():
             if self.share_prefill and not synced:  # under lockstep every rank must run the same forwards: off
                 cache = shared_prompt_cache(model, ids, attn)
                 if cache is not None:
