@@ -36,7 +36,7 @@ def _copy(name: str, dest: Path, files=("summary.json", "compute.json", "curves.
     return out
 
 
-@pytest.mark.parametrize("name", ["graft_paper"])
+@pytest.mark.parametrize("name", ["v3", "graft_paper"])
 def test_comparison_table_regenerates_byte_for_byte(name, tmp_path, no_figures, capsys):
     out = _copy(name, tmp_path)
     (out / "table.md").write_text((RESULTS / name / "table.md").read_text().split("\n## gpt2\n")[0]
@@ -69,7 +69,7 @@ def test_graft_paper_tables_without_an_earlier_table(tmp_path, no_figures):
     assert "**hold**" in new
 
 
-@pytest.mark.parametrize("name", ["graft_paper", "embedded", "ws1500_3seeds"])
+@pytest.mark.parametrize("name", ["v3", "graft_paper", "embedded", "ws1500_3seeds"])
 def test_json_writers_reproduce_the_committed_json(name):
     for f, compact in (("summary.json", False), ("compute.json", False), ("curves.json", True)):
         path = RESULTS / name / f
