@@ -200,12 +200,13 @@ class PolicyBatch:
 
 @dataclass
 class NLLTerm:
-    """An extra supervised term ``coef · mean_rows[(1/|o|) Σ_t −log π(o_t | q, o_<t)]`` (SGT).
+    """An extra supervised term ``coef · mean_rows[(1/|o|) Σ_t −log π(o_t | q, o_<t)]`` (SGT), held per update.
 
     ``mini_batches[i]`` lists the rows of ``batch`` whose NLL is added to the plan's ``i``-th mini-batch
-    (one list per plan mini-batch). The mean is over *all* the term's rows: mini-batch ``i`` adds
-    ``coef · Σ_{rows of i} NLL / (rows of every mini-batch)``, so a row's weight is ``coef / #rows`` whichever
-    mini-batch holds it (per PPO epoch).
+    (one list per plan mini-batch; each row in exactly one list). Mini-batch ``i`` adds
+    ``coef · Σ_{rows of i} NLL / (rows of i)``: ``coef`` times the mean NLL of the rows it holds, the weight the
+    GRPO term has in every update; a mini-batch with no rows adds nothing (per PPO epoch). Under FSDP lockstep
+    the mean is over the rows of mini-batch ``i`` on every rank.
     """
 
     batch: PolicyBatch

@@ -9,7 +9,7 @@ import torch
 
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.base import own_batch, split_rows
-from mutual_rl.regimes.sgt import draw_index
+from mutual_rl.regimes.sgt import draw_index, spread_rows
 from tests.regimes.helpers_xsp import assert_flows, assert_partition
 from tests.regimes.scenario import FakeReceiver, make_group
 
@@ -90,18 +90,38 @@ def test_draw_is_deterministic_and_varies_with_step_and_seed():
     assert len(set(drawn.values())) == 3  # every success (of both sources) gets drawn for some (seed, step)
 
 
-def test_nll_rows_go_to_the_mini_batch_of_the_receivers_group():
+def test_nll_rows_spread_evenly_over_the_updates():
     recv = FakeReceiver("r")
     own = [make_group("r", p, [0, 0]) for p in range(4)]  # rows 0-1, 2-3, 4-5, 6-7
     peers = {"s": [make_group("s", p, [1], kind="bpe") for p in (3, 1, 0)]}
     plan = get_regime("sgt").plan(recv, own, peers, 3)
-    # split_rows(8, 3) = [0,1,2], [3,4], [5,6,7]; groups start at rows 0, 2, 4, 6 -> mini-batches 0, 0, 1, 2
     assert plan.mini_batches == split_rows(8, 3) == [[0, 1, 2], [3, 4], [5, 6, 7]]
     assert plan.nll.batch.prompt_ids == [0, 1, 3]  # in R's prompt order
-    assert plan.nll.mini_batches == [[0, 1], [], [2]]
+    # 3 rescued over 3 updates: one each, placed by the seeded permutation (not by where R's group lies)
+    assert sorted(len(rows) for rows in plan.nll.mini_batches) == [1, 1, 1]
+    assert sorted(r for rows in plan.nll.mini_batches for r in rows) == [0, 1, 2]
+    step = int(own[0].rollouts[0].step)
+    assert plan.nll.mini_batches == spread_rows(3, 3, 0, step, "r")
     assert_partition(plan)
     assert_flows(plan, peers, {"s": {"consumed": 3}})
     assert plan.metrics["gate_rate"] == 3 / 4 and plan.metrics["rescued/s"] == 3.0
+
+
+@pytest.mark.parametrize("rows, updates", [(0, 1), (1, 4), (3, 4), (4, 4), (5, 2), (7, 3), (9, 1)])
+def test_spread_rows_is_an_even_partition(rows, updates):
+    spread = spread_rows(rows, updates, seed=0, step=3, receiver="r")
+    assert len(spread) == updates
+    assert sorted(r for part in spread for r in part) == list(range(rows))  # each row exactly once
+    # round-robin from update 0: update i holds ceil((rows - i) / updates)
+    assert [len(part) for part in spread] == [-(-(rows - i) // updates) for i in range(updates)]
+    assert spread == spread_rows(rows, updates, seed=0, step=3, receiver="r")  # deterministic
+
+
+def test_spread_rows_order_is_seeded():
+    seen = {tuple(map(tuple, spread_rows(4, 4, seed, step, "r"))) for seed in range(3) for step in range(4)}
+    assert len(seen) > 1  # the permutation varies with seed and step
+    with pytest.raises(ValueError, match="at least one update"):
+        spread_rows(2, 0, 0, 0, "r")
 
 
 def test_size_one_groups_all_pass_peer_threshold_and_coef():
@@ -116,7 +136,7 @@ def test_size_one_groups_all_pass_peer_threshold_and_coef():
     regime = get_regime("sgt")
     regime.success_threshold = 0.5  # set by the module from algorithm.success_threshold
     plan = regime.plan(recv, own, peers, 2)
-    assert plan.nll.batch.prompt_ids == [0, 1] and plan.nll.mini_batches == [[0], [1]]
+    assert plan.nll.batch.prompt_ids == [0, 1] and sorted(plan.nll.mini_batches) == [[0], [1]]
     assert_flows(plan, peers, {"s": {"consumed": 2, "not_drawn": 3}})
 
 
@@ -165,22 +185,22 @@ def test_update_moves_parameters_along_minus_grad_nll():
     peers = {"s": [make_group("s", 0, [1, 0], kind="bpe", texts=["46", "47"]),
                    make_group("s", 1, [0, 1], kind="bpe", texts=["12", "35"])]}
     plan = get_regime("sgt", coef=0.1).plan(policy, own, peers, 2)
-    assert plan.nll.mini_batches == [[0], [1]]
+    assert sorted(plan.nll.mini_batches) == [[0], [1]]
     params = [p for p in policy.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
 
-    # expected: two optimizer steps (one per mini-batch), each SGD on 0.1 / 2 · NLL of its own rescued row
-    # (λ / rescued responses of the step, whichever mini-batch holds the row)
+    # expected: two optimizer steps (one per mini-batch), each SGD on λ = 0.1 times the NLL of the one rescued row
+    # its mini-batch holds (λ · the mean NLL of the update's rescued rows: the objective holds per update)
     lr = 0.05
     opt = torch.optim.SGD(params, lr=lr)
     expected = []
-    for row in (0, 1):
+    for i, (row,) in enumerate(plan.nll.mini_batches):
         sub = plan.nll.batch.select([row])
         logp, _ = policy.response_logp(sub.input_ids, sub.attention_mask, plan.nll.batch.response_width, 1.0)
         nll = -(logp * sub.response_mask).sum() / sub.response_mask.sum()
-        grads = torch.autograd.grad(0.1 / 2 * nll, params, allow_unused=True)
+        grads = torch.autograd.grad(0.1 * nll, params, allow_unused=True)
         expected.append([torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)])
-        if row == 0:  # the second row's gradient is taken after the first step
+        if i == 0:  # the second row's gradient is taken after the first step
             with torch.no_grad():
                 for p, g in zip(params, expected[0]):
                     p -= lr * g
@@ -202,37 +222,62 @@ def test_update_moves_parameters_along_minus_grad_nll():
     assert changed
 
 
+def _grads_per_update(policy, plan, cfg):
+    """Run ``update_policy`` with lr 0 (parameters stay put) and return each optimizer update's gradients."""
+    from mutual_rl.update.loop import update_policy
+
+    params = [p for p in policy.parameters() if p.requires_grad]
+    grads = []
+
+    def step():
+        grads.append([torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in params])
+
+    def zero():
+        for p in params:
+            p.grad = None
+
+    update_policy(policy, plan, cfg, backward=lambda loss: loss.backward(), step_optimizer=step, zero_grad=zero)
+    return params, grads
+
+
 @pytest.mark.parametrize("num_mini_batches", [1, 2, 4])
-def test_each_rescued_row_weighs_lambda_over_rescued_wherever_it_falls(num_mini_batches):
-    """λ per rescued row, independent of mini-batch placement: 4 rescued prompts in 4 mini-batches, 2 or 1 all
-    give each rescued row ``λ / 4`` (before the fix a mini-batch divided by its own count: λ per row with 4)."""
+def test_nll_part_of_each_update_is_lambda_times_its_rescued_rows_nll_gradient(num_mini_batches):
+    """SGT's objective holds per update: for M = 1, 2, 4 mini-batches, the NLL part of each update's gradient (that
+    update's gradient minus the same update without the NLL term) equals ``λ ·`` the gradient of the mean NLL of the
+    rescued rows it holds, to 1e-6; the GRPO rows are live (mixed groups), and with 2 PPO epochs every rescued
+    response is used exactly once per epoch."""
+    import dataclasses
+
     from mutual_rl.model.policy import build_policy
     from mutual_rl.model.spec import PolicySpec, WarmStart
     from mutual_rl.update.config import GRPOConfig
-    from mutual_rl.update.loop import update_policy
 
     policy = build_policy(PolicySpec(name="r", model="tiny:llama-char", warmstart=WarmStart(steps=5)))
-    own = [make_group("r", q, [0, 0]) for q in range(4)]  # all fail: zero advantages, own rows skipped
-    texts = ["46", "12", "35", "99"]
-    peers = {"s": [make_group("s", q, [1, 0], kind="bpe", texts=[texts[q], "0"]) for q in range(4)]}
+    policy.spec.optimizer.grad_clip = 0.0
+    texts = ["46", "12", "35", "99", "7", "81"]
+    # 6 all-fail prompts (rescued) and 2 mixed ones (live GRPO rows): 16 own rows
+    own = [make_group("r", q, [0, 0]) for q in range(6)] + [make_group("r", q, [1, 0]) for q in (6, 7)]
+    peers = {"s": [make_group("s", q, [1, 0], kind="bpe", texts=[texts[q], "0"]) for q in range(6)]}
     lam = 0.2
     plan = get_regime("sgt", coef=lam).plan(policy, own, peers, num_mini_batches)
-    assert plan.metrics["rescued"] == 4.0
-    assert plan.nll.mini_batches == {1: [[0, 1, 2, 3]], 2: [[0, 1], [2, 3]], 4: [[0], [1], [2], [3]]}[num_mini_batches]
-    with torch.no_grad():  # each rescued row's token-mean NLL under the (unchanging: lr 0) policy
-        b = plan.nll.batch
-        logp, _ = policy.response_logp(b.input_ids, b.attention_mask, b.response_width, 1.0)
-        nll = (-(logp * b.response_mask).sum(-1) / b.response_mask.sum(-1)).tolist()
-    params = [p for p in policy.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=0.0)
-    losses = []  # the NLL term of each mini-batch (the only backward: every own row is skipped)
-
-    def backward(loss):
-        losses.append(float(loss.detach()))
-        loss.backward()
-
-    update_policy(policy, plan, GRPOConfig(num_mini_batches=num_mini_batches), backward=backward,
-                  step_optimizer=opt.step, zero_grad=lambda: opt.zero_grad(set_to_none=True))
-    expected = [lam / 4 * sum(nll[r] for r in rows) for rows in plan.nll.mini_batches]
-    assert losses == pytest.approx(expected, rel=1e-5)
-    assert sum(losses) == pytest.approx(lam * sum(nll) / 4, rel=1e-5)  # the formula: λ · mean over rescued
+    assert plan.metrics["rescued"] == 6.0
+    spread = plan.nll.mini_batches
+    assert [len(rows) for rows in spread] == {1: [6], 2: [3, 3], 4: [2, 2, 1, 1]}[num_mini_batches]
+    cfg = GRPOConfig(num_mini_batches=num_mini_batches, ppo_epochs=2, old_logp="rollout")
+    params, with_nll = _grads_per_update(policy, plan, cfg)
+    _, without = _grads_per_update(policy, dataclasses.replace(plan, nll=None), cfg)
+    assert len(with_nll) == len(without) == 2 * num_mini_batches  # two epochs of M updates
+    b = plan.nll.batch
+    used = []
+    for u in range(2 * num_mini_batches):
+        rows = spread[u % num_mini_batches]
+        used += rows
+        sub = b.select(rows)
+        logp, _ = policy.response_logp(sub.input_ids, sub.attention_mask, b.response_width, 1.0)
+        nll = (-(logp * sub.response_mask).sum(-1) / sub.response_mask.sum(-1)).mean()
+        expected = torch.autograd.grad(lam * nll, params, allow_unused=True)
+        for p, g, g_with, g_without in zip(params, expected, with_nll[u], without[u]):
+            torch.testing.assert_close(g_with - g_without, torch.zeros_like(p) if g is None else g,
+                                       rtol=0, atol=1e-6)
+    assert sorted(used) == sorted(2 * list(range(6)))  # every rescued response exactly once per epoch
+    assert any(bool(g.abs().sum() > 0) for g in without[num_mini_batches - 1])  # the mixed groups: GRPO is live

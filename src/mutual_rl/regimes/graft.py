@@ -73,8 +73,8 @@ kind, so the log shows a gap).
   weight, no source advantages. Flows: the chosen group ``consumed`` whole.
 - ``sgt``: SGT's update (``regimes/sgt.py``, §5.4) on the selected prompts: ``R``'s own batch unchanged (DAPO) plus
   ``λ ·`` the NLL of one success drawn (seeded, uniformly) from the chosen source's group for each selected
-  ``q``, ``λ / #rescued`` per response. Flows: the drawn success ``consumed``, the group's other successes
-  ``not_drawn``, its failures ``not_success``.
+  ``q``, weighed as SGT's own term (``λ ·`` the mean NLL of the rescued responses each update holds). Flows:
+  the drawn success ``consumed``, the group's other successes ``not_drawn``, its failures ``not_success``.
 
 ``rule_args`` are the init arguments of that rule's regime (HACPO's or SGT's: e.g. ``{coef: 0.1}`` for SGT's λ);
 ``peer_last``, ``compatibility`` and ``transfer`` belong to GRAFT's own how and are refused with another rule.

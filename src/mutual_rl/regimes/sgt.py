@@ -11,15 +11,18 @@ As implemented, for receiver ``R`` and each prompt ``q`` of its batch (success: 
    prompt, and stateless (a resumed run draws the same; nothing to checkpoint).
 3. **Cross.** The drawn response crosses to ``R``'s tokenization as text (docs/methods.md §2.1, ``cross_rollouts``
    without trace alignment), after ``R``'s own prompt ids for ``q``.
-4. **Loss.** ``L_R = L_GRPO + λ · mean_{rescued o} [ (1/|o^R|) Σ_t −log π_R(o^R_t | q, o^R_<t) ]``, ``λ = coef``
-   *(ours: token-mean per response, then mean over the rescued responses)*. ``L_GRPO`` is ``R``'s unchanged own
-   GRPO batch (``own_batch``, DAPO objective, ``split_rows`` mini-batches). The NLL term is a
-   :class:`~mutual_rl.types.NLLTerm`: each rescued response's row goes to the mini-batch that holds
-   the first row of ``R``'s own group for ``q``, and each optimizer step adds ``λ / (rescued responses this
-   step) ·`` the sum of the NLLs of the rescued rows of its own mini-batch: every rescued response weighs
-   ``λ / #rescued`` however the rows fall into mini-batches (4 rescued prompts in 4 mini-batches or in 1: each
-   ``λ / 4``), and over the step the terms add up to exactly the formula above. The NLL log-probs use the
-   policy's sampling temperature, as every log-prob of the update does.
+4. **Loss, per update.** ``L_R = L_GRPO + λ · mean_{rescued o} [ (1/|o^R|) Σ_t −log π_R(o^R_t | q, o^R_<t) ]``,
+   ``λ = coef`` *(ours: token-mean per response, then mean over the rescued responses)*, held **for every
+   optimizer update, as the GRPO term is**. ``L_GRPO`` is ``R``'s unchanged own GRPO batch (``own_batch``, DAPO
+   objective, ``split_rows`` mini-batches), applied at full weight in each mini-batch. The NLL term is a
+   :class:`~mutual_rl.types.NLLTerm`: the step's rescued responses are spread evenly over the step's mini-batches
+   (:func:`spread_rows`: a seeded permutation, then round-robin from the first mini-batch, so the counts differ by
+   at most one), and each mini-batch that holds any adds ``λ ·`` the mean NLL of the rescued responses it holds.
+   Every rescued response is used exactly once per PPO epoch. *(ours; replaces the earlier rule
+   "λ / rescued responses of the step per response", under which the NLL weighed λ / M per update with M
+   mini-batches while the GRPO term weighed 1 in each.)* The permutation is
+   ``random.Random(f"{seed}:{step}:{R}:spread")``: deterministic and stateless like the draw. The NLL
+   log-probs use the policy's sampling temperature, as every log-prob of the update does.
 
 Applies in every direction and for any number of policies (with no peer groups delivered it is plain GRPO and
 ``nll`` is None; the module refuses a sharing regime on a single policy unless a recorded peer is replayed).
@@ -57,6 +60,18 @@ def draw_index(seed: int, step: int, receiver: str, prompt_id: int, num_candidat
     return random.Random(f"{seed}:{step}:{receiver}:{prompt_id}").randrange(num_candidates)
 
 
+def spread_rows(num_rows: int, num_updates: int, seed: int, step: int, receiver: str) -> list[list[int]]:
+    """The rows ``range(num_rows)`` of the NLL term spread evenly over ``num_updates`` optimizer updates: a seeded
+    permutation (``random.Random(f"{seed}:{step}:{receiver}:spread")``), then round-robin from update 0, each
+    update's rows sorted. Every row appears exactly once; counts differ by at most one (update ``i`` holds
+    ``ceil((num_rows - i) / num_updates)`` rows)."""
+    if num_updates < 1:
+        raise ValueError(f"sgt: spread_rows needs at least one update, got {num_updates}")
+    order = list(range(num_rows))
+    random.Random(f"{seed}:{step}:{receiver}:spread").shuffle(order)
+    return [sorted(order[i::num_updates]) for i in range(num_updates)]
+
+
 @register_regime("sgt")
 class SGT(Regime):
     """Outcome-level sharing: one verified peer success per all-fail prompt, learnt by an NLL term.
@@ -80,7 +95,6 @@ class SGT(Regime):
         own = [g for g in own if g.rollouts]
         batch = own_batch(receiver, own)
         mini_batches = split_rows(len(batch), num_mini_batches)
-        row_to_mb = {r: i for i, rows in enumerate(mini_batches) for r in rows}
         pairing = pair_peer_groups(own, peers)
         flows: dict[str, dict[str, int]] = {src: {} for src in peers}
 
@@ -93,12 +107,10 @@ class SGT(Regime):
                 count(src, "no_own_group", len(g.rollouts))
 
         rescued: list = []  # drawn peer rollouts, in R's prompt order
-        rescued_mb: list[int] = []
         rescued_by = dict.fromkeys(peers, 0)
-        start, all_fail = 0, 0
+        all_fail = 0
         thr = self.success_threshold
         for g in own:
-            first_row, start = start, start + len(g.rollouts)
             groups = pairing.by_own[group_key(g)]
             k_own = int((g.rewards > thr).sum())
             all_fail += k_own == 0
@@ -119,16 +131,14 @@ class SGT(Regime):
                 count(src, "not_drawn", successes - int(pg is g_d))
             drawn = g_d.rollouts[i_d]
             rescued.append(drawn)
-            rescued_mb.append(row_to_mb[first_row])
             rescued_by[src_d] += 1
 
         nll, crossed = None, []
         if rescued:
             crossed = cross_rollouts(receiver, rescued, receiver_prompt_ids(own))
             nll_batch = collate(crossed, torch.zeros(len(crossed)), receiver.tokenizer.pad_token_id)
-            nll_rows: list[list[int]] = [[] for _ in mini_batches]
-            for row, mb in enumerate(rescued_mb):
-                nll_rows[mb].append(row)
+            step = int(own[0].rollouts[0].step)
+            nll_rows = spread_rows(len(crossed), len(mini_batches), self.seed, step, receiver.name)
             nll = NLLTerm(nll_batch, nll_rows, self.coef)
         metrics = {f"rescued/{src}": float(n) for src, n in rescued_by.items()}
         metrics.update(rescued=float(len(rescued)), gate_rate=len(rescued) / len(own),

@@ -71,8 +71,8 @@ def recompute_old_logp(policy, batch: PolicyBatch, rows: list[int], temperature:
 def nll_loss(policy, nll: NLLTerm, rows: list[int], temperature: float,
              num_rows: float | None = None) -> tuple[torch.Tensor, float]:
     """``coef · sum_rows[token-mean NLL] / num_rows`` of ``rows`` of the NLL batch (on the policy's device;
-    ``num_rows``: the NLL term's row count over *all* mini-batches (global under FSDP), so each row weighs
-    ``coef / num_rows`` wherever it falls; ``None``: ``len(rows)``), and the unscaled local mean NLL."""
+    ``num_rows``: the mini-batch's NLL row count, global under FSDP lockstep, so the term is ``coef ·`` the mean
+    NLL of the mini-batch's rows; ``None``: ``len(rows)``), and the unscaled local mean NLL."""
     sub = nll.batch.select(rows)
     logp, _ = policy.response_logp(sub.input_ids, sub.attention_mask, nll.batch.response_width, temperature)
     per_seq = -(logp * sub.response_mask).sum(-1) / sub.response_mask.sum(-1).clamp(min=1)
@@ -90,7 +90,7 @@ class _MiniBatch:
     token_count: torch.Tensor | float
     num_seqs: float
     max_len: int
-    nll_num_rows: float | None = None  # the NLL term's rows over all mini-batches (global under lockstep)
+    nll_num_rows: float | None = None  # the NLL term's rows in this mini-batch (global under lockstep)
     scale: float = 1.0  # loss multiplier: the world size under lockstep (FSDP averages gradients over ranks)
     num_parts: int = 0  # forwards to run (>= len(parts) under lockstep; the rest are dummies)
     nll_pass: bool = False  # whether an NLL forward/backward runs (a dummy one if nll_rows is empty)
@@ -101,10 +101,9 @@ def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: 
     """Per mini-batch: its active parts and loss normalisers (``max_len``: the constant of
     ``seq-mean-token-sum-norm``, the policy's configured maximum response length, the same for every mini-batch).
 
-    In one process the normalisers are the mini-batch's own (docs/methods.md §1), except the NLL term's: its
-    normaliser is the term's row count over *all* mini-batches (``nll_num_rows``), so each NLL row weighs
-    ``coef / total rows`` whichever mini-batch it falls in (SGT: ``λ / rescued responses of the step``).
-    Under FSDP lockstep the ranks hold
+    In one process the normalisers are the mini-batch's own (docs/methods.md §1), the NLL term's too
+    (``nll_num_rows``: its rows in this mini-batch, so the update adds ``coef ·`` their mean NLL, as SGT's
+    objective holds per update). Under FSDP lockstep the ranks hold
     different rows of one global mini-batch ``i`` (rank ``r``'s ``i``-th mini-batch): counts are agreed so that every
     rank runs the same number of mini-batches, forwards and NLL passes, the token-mean / sequence-mean / NLL
     normalisers are the *global* counts, and each rank's loss is multiplied by the world size (``scale``). FSDP
@@ -122,10 +121,9 @@ def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: 
             rows=list(rows), parts=chunks(active, micro), nll_rows=list(nll_mbs[i]) if i < len(nll_mbs) else [],
             token_count=mask.sum(), num_seqs=int((mask.sum(-1) > 0).sum()), max_len=max_len,
         ))
-    nll_total = float(sum(len(rows) for rows in nll_mbs))
     for mb in out:
         mb.num_parts, mb.nll_pass = len(mb.parts), bool(mb.nll_rows)
-        mb.nll_num_rows = nll_total
+        mb.nll_num_rows = float(len(mb.nll_rows))
     if not lockstep:
         return out
     world = world_size()
@@ -135,12 +133,11 @@ def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: 
     maxes = max_over_ranks([mb.num_parts for mb in out] + [int(mb.nll_pass) for mb in out])
     sums = sum_over_ranks([float(mb.token_count) for mb in out] + [mb.num_seqs for mb in out]
                      + [len(mb.nll_rows) for mb in out])
-    nll_total = float(sum(sums[2 * m : 3 * m]))  # the NLL rows of every mini-batch on every rank
     for i, mb in enumerate(out):
         mb.num_parts, mb.nll_pass = maxes[i], bool(maxes[m + i])
         mb.token_count = torch.tensor(sums[i])
         mb.num_seqs = sums[m + i]
-        mb.nll_num_rows = nll_total
+        mb.nll_num_rows = float(sums[2 * m + i])  # mini-batch i's NLL rows on every rank
         mb.scale = float(world)
     return out
 
