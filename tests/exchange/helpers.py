@@ -73,11 +73,12 @@ class ExchangeModule(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def fit_exchange(root, exchange, max_steps: int, ckpt=None) -> Trainer:
-    """Fit :class:`ExchangeModule` with ``exchange`` for ``max_steps`` (resuming from ``ckpt`` if given)."""
+def fit_exchange(root, exchange, max_steps: int, ckpt=None, callbacks=()) -> Trainer:
+    """Fit :class:`ExchangeModule` with ``exchange`` (and ``callbacks``) for ``max_steps`` (resuming from ``ckpt``
+    if given)."""
     exchange.subscribe("a", {"rollout"})
     exchange.subscribe("b", {"reward"})
-    trainer = Trainer(max_steps=max_steps, callbacks=[exchange], default_root_dir=root, logger=False,
+    trainer = Trainer(max_steps=max_steps, callbacks=[exchange, *callbacks], default_root_dir=root, logger=False,
                       enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
                       enable_checkpointing=False)
     trainer.fit(ExchangeModule(exchange), DataLoader(torch.arange(100)), ckpt_path=ckpt)

@@ -7,6 +7,7 @@ stored-peer replay.
 * ``bus.py``      -- ``ExchangeBus``: publish/subscribe, per-flow drop accounting, totals;
 * ``callback.py`` -- ``ExperienceExchange(ExchangeBus, Callback)``: hooks, logging, checkpointed totals;
 * ``store.py``    -- one schema-versioned JSONL file per step, atomic writes, validated reads;
+* ``lock.py``     -- the OS lock of a store folder: one recording run at a time, a folder being recorded not replayed;
 * ``replay.py``   -- ``StoredPeer``: a peer's recorded groups (and aligned traces) by step, checked against the
   receiver's prompts.
 """

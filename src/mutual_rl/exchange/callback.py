@@ -2,7 +2,10 @@
 
 The module publishes into it and reads deliveries during ``training_step`` (protocol in ``bus.py``). The hooks:
 
-* ``setup``: only the global-zero process writes step files;
+* ``setup``: only the global-zero process writes step files; at ``fit``, it takes the store folder's OS lock
+  (:class:`~mutual_rl.exchange.lock.StoreLock`), held until ``teardown`` or ``on_exception``: a second run on the
+  same ``store_dir`` is refused there, naming the holder's pid and command, and a ``replay_dir`` whose lock is
+  held (a recording still being written) is refused the same way;
 * ``on_fit_start`` / ``on_train_start``: the ``store_dir`` must not hold another run's recording (checked at fit
   start when the checkpoint is already restored, and again at train start, before anything is written; see
   "Recording" below);
@@ -32,6 +35,7 @@ from lightning.pytorch import Callback
 
 from mutual_rl.distributed import agree_max
 from mutual_rl.exchange.bus import ExchangeBus
+from mutual_rl.exchange.lock import StoreLock, check_not_being_recorded
 from mutual_rl.exchange.store import (
     StoreInUseError,
     check_store_not_replay,
@@ -64,8 +68,30 @@ class ExperienceExchange(ExchangeBus, Callback):
         self.run_id = uuid.uuid4().hex
         self._resumed: str | None = None  # None: a new run | "run": resumed with its run id | "legacy": without
         self._store_claimed = False
+        self._lock = StoreLock(store_dir) if store_dir else None
 
     # ----------------------------------------------------------------------------------------- recording
+    def _take_lock(self) -> None:
+        """The writer takes ``store_dir``'s lock (a stale one is taken over, with a warning) and checks that
+        ``replay_dir`` is not being recorded; every rank stops together when either is refused."""
+        error = None
+        if self.is_writer:
+            try:
+                if self.replay_dir:
+                    check_not_being_recorded(self.replay_dir)
+                note = self._lock.acquire() if self._lock is not None else None
+                if note:
+                    warnings.warn(note, stacklevel=2)
+            except StoreInUseError as e:
+                error = e
+        if agree_max([int(error is not None)])[0]:
+            raise error or StoreInUseError("the exchange store was refused on rank 0 (see its error)")
+
+    def release_lock(self) -> None:
+        """Release ``store_dir``'s lock (a no-op when not held)."""
+        if self._lock is not None:
+            self._lock.release()
+
     def _check_store(self) -> str | None:
         """Refuse (on every rank together) a ``store_dir`` holding another run's recording; returns the note of
         an adopted legacy recording, if any."""
@@ -106,6 +132,14 @@ class ExperienceExchange(ExchangeBus, Callback):
     # ----------------------------------------------------------------------------------------- hooks
     def setup(self, trainer, pl_module, stage: str) -> None:
         self.is_writer = bool(trainer.is_global_zero)
+        if stage == "fit":
+            self._take_lock()
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self.release_lock()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self.release_lock()
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if self.store_dir and not trainer.strategy.restore_checkpoint_after_setup:

@@ -29,7 +29,8 @@ were written by another run (their headers' ``run_id``), so a second run never o
 the same run resumed from its checkpoint (which holds its run id) keeps recording, and
 :func:`set_aside_steps` moves the steps it recorded after that checkpoint into a ``superseded-from-step-<s>``
 sub-folder (kept, never replayed) before it records them again. :func:`check_store_not_replay` refuses a
-``store_dir`` that is, contains or lies inside the ``replay_dir`` being read.
+``store_dir`` that is, contains or lies inside the ``replay_dir`` being read. Two runs at once on one folder are
+kept apart by an OS lock (``lock.py``), taken by the recording callback for the whole fit.
 """
 
 from __future__ import annotations
