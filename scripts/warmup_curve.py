@@ -28,6 +28,7 @@ import time
 
 import torch
 
+from mutual_rl.data.chain import ChainTask
 from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.model.spec import WarmStart
 from mutual_rl.presets.build import deterministic_kernels
@@ -49,8 +50,12 @@ def main() -> None:
     ap.add_argument("--warmstart-seed", type=int, default=0)
     ap.add_argument("--checkpoints", nargs="+", type=int, required=True)
     ap.add_argument("--no-save", action="store_true", help="report only; store nothing in the cache")
+    ap.add_argument("--task", choices=["arithmetic", "chain"], default="arithmetic",
+                    help="arithmetic: benchmark v3's 2-digit task; chain: v4's worked solutions (ChainTask)")
+    ap.add_argument("--terms", type=int, default=3, help="chain: numbers per chain")
     args = ap.parse_args()
-    task = ArithmeticTask(operators=["+", "-"], digits=2, num_heldout=400)
+    task = (ArithmeticTask(operators=["+", "-"], digits=2, num_heldout=400) if args.task == "arithmetic"
+            else ChainTask(terms=args.terms, num_heldout=400))
     total = max(args.checkpoints)
     prompt_template, name = "{problem}", args.model
 

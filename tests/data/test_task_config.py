@@ -40,3 +40,11 @@ def test_class_path_switches_the_task_over_an_arithmetic_base(tmp_path, capsys):
     over = "data:\n  task: {class_path: mutual_rl.data.word_problems.WordProblemTask, init_args: {num_heldout: 50}}\n"
     task = _printed(tmp_path, capsys, base, over)
     assert "families" in task and task["num_heldout"] == 50 and "operators" not in task
+
+
+def test_chain_fields_pick_the_chain_task(tmp_path, capsys):
+    task = _printed(tmp_path, capsys, POLICY + "data:\n  task: {terms: 4, max_value: 60}\n")
+    assert task["terms"] == 4 and task["max_value"] == 60 and "digits" not in task and "families" not in task
+    over = "data:\n  task: {class_path: mutual_rl.data.chain.ChainTask, init_args: {num_heldout: 50}}\n"
+    task = _printed(tmp_path, capsys, POLICY + "data:\n  task: {operators: ['+'], digits: 2}\n", over)
+    assert task["terms"] == 3 and task["num_heldout"] == 50 and "digits" not in task

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, IterableDataset
 
+from mutual_rl.data.chain import ChainTask
 from mutual_rl.data.files import compile_answer_regex, load_problems
 from mutual_rl.data.hf_datasets import HFDataset, as_hf_dataset, load_dataset_problems
 from mutual_rl.data.task import ArithmeticTask
@@ -70,7 +71,7 @@ class _Batches(IterableDataset):
 class PromptDataModule(LightningDataModule):
     def __init__(
         self,
-        task: ArithmeticTask | WordProblemTask | None = None,
+        task: ArithmeticTask | WordProblemTask | ChainTask | None = None,
         train_files: list[str] | None = None,
         val_files: list[str] | None = None,
         train_dataset: HFDataset | None = None,
@@ -86,7 +87,7 @@ class PromptDataModule(LightningDataModule):
     ):
         """
         Args:
-            task: a built-in task, ArithmeticTask or WordProblemTask (used when no train_files or train_dataset are given; default
+            task: a built-in task, ArithmeticTask, WordProblemTask or ChainTask (worked solutions; benchmark v4) (used when no train_files or train_dataset are given; default
                 settings if omitted).
             train_files: JSONL/Parquet prompt files (fields problem/answer, names configurable); when
                 given they replace the task's train split.
