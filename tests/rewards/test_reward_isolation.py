@@ -248,11 +248,11 @@ def test_an_interrupted_wait_kills_the_worker_so_no_stale_answer_is_read(monkeyp
     assert reward("abc", "x") == 0.0  # not the stale 1.0
 
 
-def test_a_value_the_worker_cannot_send_back_is_an_ordinary_error_naming_its_type():
+def test_a_value_that_is_no_number_is_described_in_the_worker_and_an_ordinary_error_naming_its_type():
     reward = build_reward(f"{BAD}:returns_lock", errors="skip")
     assert reward("a", "b") == 0.0 and reward.counts.errors == 1  # counted, like any non-number
     with pytest.raises(RewardError, match=f"reward '{BAD}:returns_lock' returned <unlocked _thread.lock object at "
-                                          "0x[0-9a-f]+> \\(lock, not picklable\\), not a finite number"):
+                                          "0x[0-9a-f]+> \\(lock\\), not a finite number"):
         build_reward(f"{BAD}:returns_lock")("a", "b")
 
 

@@ -2,8 +2,9 @@
 
 Every call ``fn(completion, answer)`` of a guarded reward ends in one of three ways:
 
-* ``ok``: ``fn`` returned a finite real number (``int``, ``float``, ``bool``, a NumPy scalar, a 0-d tensor:
-  anything ``float()`` accepts except ``str``/``bytes``) within ``timeout_s``; the reward is ``float(value)``.
+* ``ok``: ``fn`` returned a finite real number (``int``, ``float``, ``bool``, a NumPy scalar, a 0-d tensor with or
+  without grad: anything ``float()`` accepts except ``str``/``bytes``;
+  :func:`~mutual_rl.rewards.reward_values.plain_number`) within ``timeout_s``; the reward is that ``float``.
 * ``timeout``: ``fn`` did not return within ``timeout_s`` seconds.
 * ``error``: ``fn`` raised, or returned ``None``, NaN/inf, or something that is not a number.
 
@@ -12,7 +13,8 @@ With ``errors="raise"`` a timeout or an error raises :class:`RewardError`, namin
 With ``errors="skip"`` the reward is 0.0 and the call is counted (:attr:`GuardedReward.counts`); the first
 error and the first timeout of each guard are logged at WARNING with the full message.
 
-A fourth ending is never skipped: a reward that tries to end its process (``SystemExit``, ``KeyboardInterrupt``,
+Never skipped either: a failed hand-off between the trainer and a reward's worker raises
+:class:`~mutual_rl.rewards.isolation.RewardWorkerError`, the worker's error (the reward is not blamed). And a reward that tries to end its process (``SystemExit``, ``KeyboardInterrupt``,
 ``os._exit`` in its worker), or leaves child processes running after it returned, raises :class:`RewardError` in
 both modes (:func:`call_reward`; :mod:`mutual_rl.rewards.isolation`).
 
@@ -47,7 +49,8 @@ from dataclasses import dataclass
 from functools import partial
 
 from mutual_rl.rewards.base import RewardFn, RewardResult
-from mutual_rl.rewards.isolation import IsolatedReward, RewardFatal, RewardRaised, type_name
+from mutual_rl.rewards.isolation import IsolatedReward, RewardFatal, RewardRaised, RewardWorkerError, type_name
+from mutual_rl.rewards.reward_values import plain_number
 from mutual_rl.rewards.reward_worker import FORKED_CHILD_EXIT
 
 log = logging.getLogger(__name__)
@@ -149,9 +152,10 @@ def call_with_time_limit(fn: Callable, args: tuple, timeout_s: float | None):
 _cwd_warned: set[str] = set()
 
 
-def call_reward(fn: Callable, args: tuple, kwargs: dict, timeout_s: float | None, name: str = ""):
+def call_reward(fn: Callable, args: tuple, kwargs: dict, timeout_s: float | None, name: str = "", want="number"):
     """``fn(*args, **kwargs)`` under ``timeout_s`` (``TimeoutError`` past it), where the reward runs: in its worker
-    process for an :class:`~mutual_rl.rewards.isolation.IsolatedReward`, else in this process (module docstring).
+    process for an :class:`~mutual_rl.rewards.isolation.IsolatedReward` (its value made plain there, ``want``:
+    ``"number"`` or the number of completions), else in this process, its value as returned (module docstring).
 
     A reward may not take the trainer with it. In process: a ``SystemExit``, ``KeyboardInterrupt`` or other
     ``BaseException`` raises :class:`~mutual_rl.rewards.isolation.RewardFatal`; a working directory changed by the
@@ -159,7 +163,7 @@ def call_reward(fn: Callable, args: tuple, kwargs: dict, timeout_s: float | None
     (code 70), so that it never runs the trainer. In a worker: :mod:`mutual_rl.rewards.isolation`.
     """
     if isinstance(fn, IsolatedReward):
-        return fn.call(args, kwargs, timeout_s)
+        return fn.call(args, kwargs, timeout_s, want)
     pid = os.getpid()
     try:
         cwd = os.getcwd()
@@ -206,13 +210,8 @@ def _exc_name(exc: BaseException) -> str:
 
 def _finite_number(value) -> float | None:
     """``float(value)`` if ``value`` is a finite real number (module docstring), else ``None``."""
-    if value is None or isinstance(value, (str, bytes)):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
+    number = plain_number(value)
+    return number if isinstance(number, float) else None
 
 
 @dataclass
@@ -266,6 +265,8 @@ class GuardedReward:
             return self._fail("timeout", f"did not return within {self.timeout_s:g} s", completion, answer, where)
         except RewardFatal as exc:  # never skipped: the reward tried to end its process or left processes behind
             raise RewardError(self._message("fatal", str(exc), completion, answer, where, exc.fix)) from exc
+        except RewardWorkerError:  # the hand-off failed, not the reward: never blamed on it, never skipped
+            raise
         except Exception as exc:  # noqa: BLE001 - any failure of user code becomes one named error
             return self._fail("error", f"raised {_exc_name(exc)}: {exc}", completion, answer, where, exc)
         elapsed = time.monotonic() - t0

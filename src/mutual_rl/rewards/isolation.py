@@ -8,7 +8,11 @@ is called in a **worker process** (:mod:`mutual_rl.rewards.reward_worker`):
   SIGTERM handler included), in a **session and process group of its own**, started on the reward's first call and
   shared by every guard of the same ``module:function`` in this process; it imports the function with the trainer's
   ``sys.path`` and working directory;
-* each call sends the arguments over a socket pair and waits at most the guard's time limit; past it, the worker's
+* each call sends the arguments over a socket pair (standard ``pickle``) and waits at most the guard's time limit; the
+  reward's value is converted to a plain ``float`` (or ``None``, a description of a non-number, or for a TRL-style
+  reward a list of those) *in the worker* (:mod:`mutual_rl.rewards.reward_values`), so a torch tensor or NumPy
+  value never crosses; a failed hand-off raises :class:`RewardWorkerError`, the worker's error, never the
+  reward's; past the time limit, the worker's
   whole process group (the worker, its pools, its forks) is killed with ``SIGKILL`` and reaped, the call is a
   timeout, and the next call starts a new worker (paying the start-up again: Python, plus the reward module's
   imports);
@@ -30,6 +34,7 @@ from __future__ import annotations
 import atexit
 import inspect
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -39,6 +44,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from mutual_rl.rewards.base import RewardFn
+from mutual_rl.rewards.reward_values import Described, from_wire
 
 ISOLATION_MODES = ("custom", "all", "none")
 """``model.reward_isolation``: custom (``package.module:function`` rewards in a worker, registered names in process),
@@ -59,6 +65,11 @@ class RewardFatal(Exception):
 IMPORT_FIX = ("the worker imports the reward's module afresh, with the trainer's sys.path and working directory: "
               "make it importable there, with no top-level code that needs the trainer's state, or set "
               "model.reward_isolation: none to call it in the trainer's process")
+
+
+class RewardWorkerError(RuntimeError):
+    """The hand-off between the trainer and a reward's worker failed (arguments or answer not transferable): the
+    worker's fault, never the reward's; the guards raise it in both error modes."""
 
 
 class RewardRaised(Exception):
@@ -125,16 +136,21 @@ class _Worker:
         code = proc.wait()
         return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
-    def call(self, args: tuple, kwargs: dict, timeout_s: float | None):
+    def call(self, args: tuple, kwargs: dict, timeout_s: float | None, want="number"):
         with self.lock:
             if self.proc is not None and self.proc.poll() is not None:
                 self.kill()
             if self.proc is None:
                 self._start()
             try:
-                self.conn.send((args, kwargs))
+                request = pickle.dumps((args, kwargs, want))
+            except Exception as exc:  # noqa: BLE001 - the trainer's side of the hand-off
+                raise RewardWorkerError(self._handoff(f"could not pickle the call's arguments for it "
+                                                      f"({type(exc).__name__}: {exc})")) from exc
+            try:
+                self.conn.send_bytes(request)
                 done = self.conn.poll(timeout_s)
-                reply = self.conn.recv() if done else None
+                raw = self.conn.recv_bytes() if done else None
             except (EOFError, OSError):
                 raise RewardFatal(f"ended its worker process ({self.kill()}) during the call") from None
             except BaseException:  # e.g. Ctrl-C while waiting: the worker's answer would answer the next call
@@ -143,30 +159,32 @@ class _Worker:
             if not done:
                 self.kill()  # the whole process group, hard: a hung reward, its pools and its forks
                 raise TimeoutError(f"no result within {timeout_s:g} s")
+            try:
+                reply = pickle.loads(raw)
+            except Exception as exc:  # noqa: BLE001 - the worker sends plain values only: a hand-off fault
+                self.kill()
+                raise RewardWorkerError(self._handoff(f"sent an answer the trainer could not unpickle "
+                                                      f"({type(exc).__name__}: {exc})")) from exc
             status = reply[0]
             if status == "fatal":
                 self.kill()  # start afresh: nothing of the broken call survives
                 raise RewardFatal(reply[1])
+            if status == "handoff":
+                raise RewardWorkerError(self._handoff(reply[1]))
         if status == "ok":
-            return reply[1]
-        if status == "raised":
-            raise RewardRaised(*reply[1:])
-        return Unsendable(*reply[1:])  # "unpicklable"
+            return from_wire(reply[1])
+        raise RewardRaised(*reply[1:])
 
-
-class Unsendable:
-    """A value the worker could not send back: shown as its ``repr`` and type (never a number)."""
-
-    def __init__(self, text: str, type_name: str):
-        self.text, self.type_name = text, type_name
-
-    def __repr__(self) -> str:
-        return self.text
+    def _handoff(self, what: str) -> str:
+        return (f"the worker process of reward {self.module}:{self.attr} {what}. This is a failure of mutual-rl's "
+                "hand-off between the trainer and the reward's worker, not of the reward; the reward's values "
+                "cross as plain numbers (float, None), and its arguments must pickle with the standard pickle "
+                "module. Set model.reward_isolation: none to call the reward in the trainer's process.")
 
 
 def type_name(value) -> str:
-    """The type name of a reward's value (the worker's, for one it could not send back)."""
-    return f"{value.type_name}, not picklable" if isinstance(value, Unsendable) else type(value).__name__
+    """The type name of a reward's value (the original type, for one the worker described)."""
+    return value.type_name if isinstance(value, Described) else type(value).__name__
 
 
 _WORKERS: dict[tuple[str, str], _Worker] = {}
@@ -212,10 +230,12 @@ class IsolatedReward:
         self.__doc__ = getattr(fn, "__doc__", None)
         self.__signature__ = inspect.signature(fn)
 
-    def call(self, args: tuple, kwargs: dict, timeout_s: float | None):
-        """``fn(*args, **kwargs)`` in the worker: its value; ``TimeoutError`` past ``timeout_s``;
-        :class:`RewardRaised` for its exception; :class:`RewardFatal` (module docstring)."""
-        return _worker(self.module, self.attr).call(args, kwargs, timeout_s)
+    def call(self, args: tuple, kwargs: dict, timeout_s: float | None, want="number"):
+        """``fn(*args, **kwargs)`` in the worker: its value made plain there (``want``: ``"number"`` or ``n``,
+        :func:`~mutual_rl.rewards.reward_values.plain`); ``TimeoutError`` past ``timeout_s``; :class:`RewardRaised`
+        for its exception; :class:`RewardFatal` (module docstring); :class:`RewardWorkerError` for a failed
+        hand-off."""
+        return _worker(self.module, self.attr).call(args, kwargs, timeout_s, want)
 
     def __call__(self, *args, **kwargs):
         return self.call(args, kwargs, None)
@@ -230,4 +250,5 @@ class IsolatedReward:
         return f"IsolatedReward({self.spec!r})"
 
 
-__all__ = ["ISOLATION_MODES", "IsolatedReward", "RewardFatal", "RewardRaised", "check_isolation", "close_workers"]
+__all__ = ["ISOLATION_MODES", "IsolatedReward", "RewardFatal", "RewardRaised", "RewardWorkerError", "check_isolation",
+           "close_workers"]

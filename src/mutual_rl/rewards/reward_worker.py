@@ -3,10 +3,15 @@
 Started as ``python reward_worker.py <fd>`` (never imported by the trainer; standard library only, so that nothing of
 the trainer's is loaded here), in a session and process group of its own. ``<fd>`` is one end of a socket pair. The
 first message is ``(module, attribute, sys_path, cwd)``: the worker takes that ``sys.path`` and working directory,
-imports the function and answers ``("ready", "")`` or ``("error", text)``. Then each request ``(args, kwargs)`` is
-answered by one of
+imports the function and answers ``("ready", "")`` or ``("error", text)``. Then each request, a plain ``pickle`` of
+``(args, kwargs, want)`` sent as bytes (never ``multiprocessing``'s pickler, whose torch reductions hand tensors over
+through shared memory and an authenticated connection the two processes do not share), is answered, the same way, by
+one of
 
-* ``("ok", value)``: the function returned (``("unpicklable", repr, type name)`` if the value cannot be sent back);
+* ``("ok", value)``: the function returned; ``value`` is what it returned made plain *here*
+  (:func:`reward_values.plain`, as :func:`reward_values.to_wire`: a ``float``, ``None``, a description of a value
+  that is not a number, or for ``want = n`` a list of those or a refusal), so only plain Python values cross;
+* ``("handoff", text)``: the request could not be unpickled here (a fault of the hand-off, not of the reward);
 * ``("raised", type name, text, traceback)``: it raised an ``Exception``;
 * ``("fatal", text)``: it raised ``SystemExit``, ``KeyboardInterrupt`` or another ``BaseException`` (it tried to end
   the process), or it left child processes running after it returned (a pool not closed, a fork whose child came
@@ -21,12 +26,18 @@ from __future__ import annotations
 
 import importlib
 import os
+import pickle
 import signal
 import sys
 import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
+
+if __package__:  # imported by the trainer (for FORKED_CHILD_EXIT)
+    from mutual_rl.rewards.reward_values import plain, to_wire
+else:  # run as a script: its own folder is sys.path[0] until the trainer's sys.path replaces it
+    from reward_values import plain, to_wire
 
 FORKED_CHILD_EXIT = 70
 
@@ -103,11 +114,17 @@ def main(fd: int) -> None:
     me = os.getpid()
     while True:
         try:
-            args, kwargs = conn.recv()
+            request = conn.recv_bytes()
         except (EOFError, OSError):
             return
         try:
-            reply = ("ok", fn(*args, **kwargs))
+            args, kwargs, want = pickle.loads(request)
+        except Exception as exc:  # noqa: BLE001 - reported as the hand-off's failure, never the reward's
+            conn.send_bytes(pickle.dumps(("handoff", f"could not unpickle the call's arguments "
+                                                     f"({type(exc).__name__}: {exc})")))
+            continue
+        try:
+            reply = ("ok", to_wire(plain(fn(*args, **kwargs), want)))
         except Exception as exc:  # noqa: BLE001 - the reward's own error, reported by name
             reply = ("raised", type(exc).__name__, str(exc), traceback.format_exc())
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt: the reward ended its process
@@ -125,11 +142,7 @@ def main(fd: int) -> None:
         elif forked:
             reply = ("fatal", f"forked, and the child (pid(s) {', '.join(map(str, forked))}) returned out of the "
                               "reward instead of exiting")
-        try:
-            conn.send(reply)
-        except Exception:  # noqa: BLE001 - the value does not pickle
-            value = reply[1]
-            conn.send(("unpicklable", repr(value)[:200], type(value).__name__))
+        conn.send_bytes(pickle.dumps(reply))  # plain values only: str, float, None, tuples and lists of them
 
 
 if __name__ == "__main__":

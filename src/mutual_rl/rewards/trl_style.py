@@ -13,7 +13,9 @@ TRL's ``completion_ids`` and ``trainer_state`` are not passed. A function withou
 keywords it names; naming one that is not there, or a dataset column called ``prompts``, ``completions`` or
 ``answer``, is a configuration error raised as :class:`~mutual_rl.rewards.guard.RewardError` in both error modes.
 
-It returns one entry per completion (a list, tuple, or 1-d array/tensor): a finite real number, or ``None`` for
+It returns one entry per completion (a list, tuple, 1-d array/tensor, or an iterator/generator yielding exactly one
+value per completion; a ``set``, ``dict`` or other unordered or keyed container is refused, its order not being the
+completions': :func:`~mutual_rl.rewards.reward_values.as_list`): a finite real number, or ``None`` for
 "does not apply to this completion" (TRL's convention). ``None`` counts 0.0: in the weighted sum of
 :mod:`mutual_rl.rewards.combined` and in the term's logged mean; as the first term it is not correct.
 
@@ -48,7 +50,8 @@ from mutual_rl.rewards.guard import (
     check_reward_settings,
     preview,
 )
-from mutual_rl.rewards.isolation import IsolatedReward, RewardFatal, type_name
+from mutual_rl.rewards.isolation import IsolatedReward, RewardFatal, RewardWorkerError, type_name
+from mutual_rl.rewards.reward_values import Refused, as_list
 
 if TYPE_CHECKING:
     from mutual_rl.types import Problem
@@ -124,7 +127,7 @@ class GuardedBatchReward:
         limit = None if self.timeout_s is None else self.timeout_s * max(n, 1)
         t0 = time.monotonic()
         try:
-            value = call_reward(self.fn, (), kwargs, limit, self.name)
+            value = call_reward(self.fn, (), kwargs, limit, self.name, want=n)
         except TimeoutError:
             return self._fail("timeout", f"did not return within {limit:g} s ({n} completions x "
                               f"{self.timeout_s:g} s)", problem, n, where)
@@ -132,21 +135,17 @@ class GuardedBatchReward:
             raise RewardError(f"reward {self.name!r} {exc}{f' ({where})' if where else ''} on the {n} completions "
                               f"of prompt {preview(problem.problem)} with answer {preview(problem.answer)}; "
                               f"{exc.fix or FATAL_FIX}.") from exc
+        except RewardWorkerError:  # the hand-off failed, not the reward: never blamed on it, never skipped
+            raise
         except Exception as exc:  # noqa: BLE001 - any failure of user code becomes one named error
             return self._fail("error", f"raised {_exc_name(exc)}: {exc}", problem, n, where, exc)
         elapsed = time.monotonic() - t0
         if limit is not None and elapsed > limit and not isinstance(self.fn, IsolatedReward):  # as GuardedReward
             return self._fail("timeout", f"returned after {elapsed:.1f} s, past its limit of {limit:g} s (it "
                               "disarmed the time limit, e.g. with its own signal.alarm)", problem, n, where)
-        try:
-            if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__"):
-                raise TypeError
-            values = list(value)
-        except TypeError:
-            return self._fail("error", f"returned {_short(value)} ({type_name(value)}), not a list with one "
-                              "value per completion", problem, n, where)
-        if len(values) != n:
-            return self._fail("error", f"returned {len(values)} values for {n} completions", problem, n, where)
+        values = as_list(value, n)
+        if isinstance(values, Refused):
+            return self._fail("error", f"returned {values.text}", problem, n, where)
         out: list[float | None] = []
         for i, v in enumerate(values):
             number = None if v is None else _finite_number(v)
