@@ -15,8 +15,19 @@ What it does on top of Lightning's ``FSDPStrategy``:
 * **CPU**: torch's FSDP runs on CPU (gloo) when told the device, which Lightning does not do; this strategy
   does, so the multi-rank logic is tested on a laptop (``tests/distributed``).
 * ``use_orig_params=True`` (always): each policy has its own optimizer over its own parameters of one module.
-* ``mixed_precision``: ``"bf16"`` | ``"fp16"`` | ``"fp32"`` (params, gradient reduction and buffers in that
-  dtype) or ``None`` (Lightning's: follows ``trainer.precision``).
+* ``mixed_precision``: ``"bf16"`` | ``"fp16"`` | ``"fp32"``: the dtype the gathered parameters compute in;
+  gradients are reduced (reduce-scatter) in float32 and buffers stay float32 in every case. ``None`` follows
+  ``trainer.precision`` as Lightning maps it (``bf16-mixed`` -> bf16 parameters), with the same two corrections:
+  Lightning's own mapping casts buffers and the reduction to the half dtype too, and a bf16 rotary ``inv_freq``
+  (base 1e6, head dim 128) rotates position 3,000 by an angle 3.5 rad off -- the trainer would score long
+  completions with a position encoding the engine does not share (test: tests/distributed/test_fsdp_precision.py).
+* The **output head in chunks under FSDP** (``model/lm_head.py``): the policy's log-probs are computed inside its
+  root unit's forward, where the head's gathered weight is valid, so no ``[B, T, V]`` logits exist under FSDP
+  either.
+* The **KL reference** of a full-weight policy is sharded like the policy (its own FSDP root, frozen, no optimizer)
+  and held in the compute dtype (the parameters' bf16 rounding, exactly what the policy computes with at step 0;
+  buffers float32): ``2 * P / world`` bytes per rank under bf16, where it was an unsharded float32 copy
+  (``4 * P``) on every rank. Under LoRA the reference is the base model with the adapters off (nothing extra).
 * ``activation_checkpointing``: checkpoint every decoder layer (same classes as the wrap).
 
 Gradient clipping with manual optimization: ``torch.nn.utils.clip_grad_norm_`` over a policy's sharded
@@ -45,10 +56,15 @@ from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 
 from mutual_rl.distributed import collective_device, destroy_process_group, is_sharded  # noqa: F401 (re-exported)
+from mutual_rl.sharding import (  # noqa: F401 (re-exported)
+    PRECISIONS,
+    _mixed_precision,
+    float32_reduction_and_buffers,
+    shard_model,
+    shard_reference,
+)
 
-PRECISIONS = ("bf16", "fp16", "fp32")
 SHARDINGS = ("FULL_SHARD", "SHARD_GRAD_OP")
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def decoder_layer_names(module: nn.Module) -> set[str]:
@@ -114,6 +130,12 @@ class MutualFSDPStrategy(FSDPStrategy):
         self.decoder_layers = list(decoder_layers) if decoder_layers is not None else None
         self.state_dict_type = state_dict_type
         self.activation_checkpointing = activation_checkpointing
+
+    @property
+    def mixed_precision_config(self):
+        """The FSDP mixed precision (explicit, or Lightning's from ``trainer.precision``) with float32 gradient
+        reduction and buffers (module docstring)."""
+        return float32_reduction_and_buffers(super().mixed_precision_config)
 
     def setup_environment(self) -> None:
         """Lightning's set-up (the process group), plus its destruction at exit: see ``destroy_process_group``."""
@@ -224,31 +246,14 @@ class MutualFSDPStrategy(FSDPStrategy):
             policy.model = shard_model(policy.model, layers, self.root_device, cpu_offload=self.cpu_offload,
                                        mixed_precision=self.mixed_precision_config,
                                        sharding_strategy=self.sharding_strategy, **kwargs)
+            reference = getattr(policy, "_reference", None)
+            if reference and not isinstance(reference[0], FullyShardedDataParallel):
+                reference[0] = shard_reference(reference[0], layers, self.root_device, cpu_offload=self.cpu_offload,
+                                               mixed_precision=self.mixed_precision_config,
+                                               sharding_strategy=self.sharding_strategy, **kwargs)
         if self.activation_checkpointing:
             _setup_activation_checkpointing(model, {"auto_wrap_policy": ModuleWrapPolicy(layers)})
         return model
-
-
-def shard_model(model: nn.Module, layer_classes: set[type[nn.Module]], device: torch.device, **kwargs) -> nn.Module:
-    """``model`` as its own FSDP root with one nested unit per ``layer_classes`` module (``use_orig_params``).
-
-    ``device``: this rank's device; on CPU it is passed to FSDP explicitly (torch's FSDP needs that to run on
-    CPU with gloo)."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
-    device_id = torch.device("cpu") if device.type == "cpu" else device.index
-    return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy(layer_classes), device_id=device_id,
-                                    use_orig_params=True, **kwargs)
-
-
-def _mixed_precision(name: str | None):
-    if name is None:
-        return None
-    from torch.distributed.fsdp import MixedPrecision
-
-    dtype = _DTYPES[name]
-    return MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
 
 
 _WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")

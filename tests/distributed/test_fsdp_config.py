@@ -30,8 +30,24 @@ def _selected(strategy, root):
 def test_constructs_with_options():
     s = MutualFSDPStrategy(decoder_layers=["GPT2Block"], mixed_precision="bf16", activation_checkpointing=True)
     assert s.kwargs["use_orig_params"] is True
-    assert s.mixed_precision.param_dtype == torch.bfloat16 and s.mixed_precision.reduce_dtype == torch.bfloat16
+    mp = s.mixed_precision
+    # bf16 compute; gradients reduced and buffers (rotary inv_freq) held in float32
+    assert (mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype) == (torch.bfloat16, torch.float32, torch.float32)
     assert MutualFSDPStrategy().mixed_precision is None
+
+
+@pytest.mark.parametrize("precision, param", [("bf16-mixed", torch.bfloat16), ("16-mixed", torch.float16),
+                                              ("32-true", torch.float32)])
+def test_lightning_precision_keeps_float32_reduction_and_buffers(precision, param):
+    """mixed_precision: null follows trainer.precision as Lightning maps it (bf16-mixed: bf16 parameters, and --
+    Lightning's own choice -- bf16 buffers and reduction), corrected to float32 buffers and reduction."""
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+
+    s = MutualFSDPStrategy()
+    s.precision_plugin = FSDPPrecision(precision)
+    assert FSDPPrecision(precision).mixed_precision_config.buffer_dtype == param  # what Lightning alone gives
+    mp = s.mixed_precision_config
+    assert (mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype) == (param, torch.float32, torch.float32)
 
 
 @pytest.mark.parametrize("kw, match", [(dict(mixed_precision="int8"), "mixed_precision"),

@@ -13,7 +13,7 @@ from mutual_rl.algorithms.token_logp import token_logp_from_hidden
 from mutual_rl.distributed import compute_device
 from mutual_rl.model.compiled import check_compiler, training_model
 from mutual_rl.model.dropout import disable_dropout, restored_dropout
-from mutual_rl.model.lm_head import hidden_states_out, plain_head
+from mutual_rl.model.lm_head import hidden_states_out, in_root_forward, plain_head
 from mutual_rl.model.loading import load_model_and_tokenizer
 from mutual_rl.model.spec import PolicySpec
 from mutual_rl.thl.retokenize import prompt_ids
@@ -97,7 +97,8 @@ class Policy(nn.Module):
         Where the model's logits are exactly ``lm_head(hidden)`` (``model/lm_head.py``), the head runs outside the
         model in chunks of tokens (``algorithms/token_logp.py``), so no ``[B, T, V]`` float32 logits exist in the
         forward or the backward: on a 151k vocabulary that is most of an update's memory. Same values and gradients
-        up to float rounding (tested); ``chunked_head = False`` on the policy builds full logits instead.
+        up to float rounding (tested); ``chunked_head = False`` on the policy builds full logits instead. Under FSDP
+        the forward(s) and the chunked head run inside one forward of the root unit (``lm_head.in_root_forward``).
         """
         device = self.device
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
@@ -106,11 +107,14 @@ class Policy(nn.Module):
         with ctx as model:
             head = plain_head(model) if self.chunked_head else None
             if head is not None:  # never full-vocabulary logits (model/lm_head.py)
-                with hidden_states_out(model, head):
-                    hidden = self._response_logits(model, input_ids, attention_mask, response_width,
-                                                     compiled=not reference)  # [B, T, H]
-                return token_logp_from_hidden(hidden, head.weight, head.bias, targets, temperature,
-                                              with_entropy=with_entropy)
+                def chunked(inner):
+                    with hidden_states_out(inner, head):
+                        hidden = self._response_logits(inner, input_ids, attention_mask, response_width,
+                                                       compiled=not reference)  # [B, T, H]
+                    return token_logp_from_hidden(hidden, head.weight, head.bias, targets, temperature,
+                                                  with_entropy=with_entropy)
+
+                return in_root_forward(model, chunked)  # under FSDP: inside the root unit's forward
             logits = self._response_logits(model, input_ids, attention_mask, response_width,
                                            compiled=not reference)  # [B, T, V]
         logits = logits.float() / temperature
