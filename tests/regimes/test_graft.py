@@ -188,6 +188,15 @@ def test_compatibility_weights_and_floor_in_plan():
     assert plan.metrics["admitted_frac"] == 0.75
     assert plan.metrics["compat_s_min"] == pytest.approx(math.exp(-0.25))
     assert plan.metrics["compat_s_max"] == pytest.approx(math.exp(0.5))
+    # the gate at every δ of the grid, by outcome: successes s = 1, e^-0.25; failures s = e^-0.125, e^0.5
+    grid = {k: v for k, v in plan.metrics.items() if k.startswith("gate/admit_")}
+    assert grid == {**{f"gate/admit_success@{d}": 1.0 for d in ("0.3", "0.5", "0.7")},
+                    "gate/admit_success@0.8": 0.5, "gate/admit_success@0.9": 0.5,
+                    **{f"gate/admit_failure@{d}": 1.0 for d in ("0.3", "0.5", "0.7", "0.8")},
+                    "gate/admit_failure@0.9": 0.5}
+    lo = math.exp(-0.25)
+    assert plan.metrics["gate/s_p50_success"] == pytest.approx((lo + 1.0) / 2)
+    assert plan.metrics["gate/s_p10_success"] == pytest.approx(lo + 0.1 * (1.0 - lo))
 
 
 def test_whole_group_below_floor_keeps_own_group():

@@ -24,6 +24,7 @@ from pathlib import Path
 from mutual_rl.compare import delta, plots, tags
 from mutual_rl.compare.claims import claim_lines
 from mutual_rl.compare.runs import first_at, last_k_mean, load, per_step, policies_of
+from mutual_rl.compare.premise import premise_lines
 from mutual_rl.compare.settings import Settings
 from mutual_rl.compare.stats import beyond_spread, delta_se, mean_std, min_detectable_difference
 from mutual_rl.compare.step0 import print_step0, step0_lines, step0_summary
@@ -191,8 +192,8 @@ def diag_values(sc: dict, p: str, metric: str) -> list[float]:
     return [sum(d.get(st, 0.0) for d in parts) for st in steps]
 
 
-def write_diagnostics(s: Settings, root: Path, data, policies, s0) -> None:
-    lines = [f"# Diagnostics: {s.name}", "", "## Step 0", "", *step0_lines(s0),
+def write_diagnostics(s: Settings, root: Path, data, policies, s0, premise: list[str] = ()) -> None:
+    lines = [f"# Diagnostics: {s.name}", "", "## Step 0", "", *step0_lines(s0), *premise,
              "Below: each policy's training metrics, mean per training step over all steps and seeds "
              "(`*_min` / `*_max`: min / max over them); a column no run logged is left out.", ""]
     for topic, metrics in tags.DIAG_GROUPS.items():
@@ -275,9 +276,10 @@ def report(s: Settings, root: Path, runs: dict, order: list[str]) -> None:
     compute = compute_all(data, info)
     s0 = step0_summary(data, order)
     print_step0(s0)
-    lines = table_head(s, s0, info) + table_body(s.regimes, summary, policies, metrics, compute)
+    premise = premise_lines(data, order, policies)
+    lines = table_head(s, s0, info) + premise + table_body(s.regimes, summary, policies, metrics, compute)
     (root / "table.md").write_text("\n".join(lines))
-    write_diagnostics(s, root, data, policies, s0)
+    write_diagnostics(s, root, data, policies, s0, premise)
     (root / "summary.json").write_text(dump(summary))
     (root / "compute.json").write_text(dump(compute))
     (root / "curves.json").write_text(dump(curves_blob(data, policies), compact=True))

@@ -59,7 +59,8 @@ and (``TrainingPlan.histograms``) ``compat_s``: a 1-D tensor of every evaluated 
 TensorBoard histogram ``<receiver>/compat_s``; and the gate split by the peer response's reward (does it admit mostly the peer's failures?):
 ``evaluated_success|failure``, ``admitted_success|failure`` (counts) and ``admitted_frac_success|failure``
 (admitted / evaluated among the evaluated successes / failures; absent on a step that evaluated none of that
-kind, so the log shows a gap).
+kind, so the log shows a gap); the same shares at every δ of ``regimes.graft_gate.GATE_DELTAS`` and quantiles of
+``s`` per outcome (``gate/admit_<kind>@<δ>``, ``gate/s_p<q>_<kind>``), whatever the regime's own δ.
 
 **Cross rules** (GRAFT §6.3: "applying either update rule to our selected prompts"; ``update_rule``): the
 *which* of GRAFT (steps 1-3: candidates, balancing, the source per prompt) with another *how*:
@@ -103,6 +104,7 @@ import torch
 
 from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_logp, receiver_prompt_ids
+from mutual_rl.regimes.graft_gate import gate_grid
 from mutual_rl.regimes.hacpo import HACPO
 from mutual_rl.regimes.sgt import SGT
 from mutual_rl.types import ScoredGroup, TrainingPlan, collate
@@ -198,6 +200,7 @@ class _Graft:
     groups: list[_Grafted]
     dropped: dict[str, dict]
     scores: list[torch.Tensor]
+    successes: list[bool]  # per evaluated response, in the order of ``scores``: was it a success
     split: dict[str, int]
     crossed: list
 
@@ -314,6 +317,7 @@ class GRAFT(Regime):
             metrics["compat_s_mean"] = float(s_all.mean())
             metrics["compat_s_min"] = float(s_all.min())
             metrics["compat_s_max"] = float(s_all.max())
+            metrics.update(gate_grid(s_all, torch.tensor(graft.successes, dtype=torch.bool)))
         return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, objective="dapo", crossed=graft.crossed,
                             histograms={"compat_s": s_all})
 
@@ -386,6 +390,7 @@ class GRAFT(Regime):
         flat = [c for cs in crossed_groups for c in cs]
         r_logp = receiver_logp(receiver, flat, self.logp_batch_size)
         all_s: list[torch.Tensor] = []
+        all_ok: list[bool] = []
         grafted = []
         dropped: dict[str, dict] = {src: {} for src in peer_by}
         split = dict.fromkeys(("evaluated_success", "evaluated_failure", "admitted_success", "admitted_failure"), 0)
@@ -402,6 +407,7 @@ class GRAFT(Regime):
             else:  # ablation: no compatibility weight, no floor
                 w = torch.ones(len(idx), dtype=torch.float64)
             adv, success = g.advantages.tolist(), (g.rewards > thr).tolist()
+            all_ok += [bool(success[i]) for i in idx]
             rows = []
             for c, t, i, wi in zip(cs, traces, idx, w.tolist()):
                 kind = "success" if success[i] else "failure"
@@ -412,7 +418,7 @@ class GRAFT(Regime):
             if rows:
                 grafted.append(_Grafted(q, src, rows))
             dropped[src][q] = {"compat_below_floor": len(cs) - len(rows), "not_success": len(g.rollouts) - len(cs)}
-        return _Graft(grafted, dropped, all_s, split, flat)
+        return _Graft(grafted, dropped, all_s, all_ok, split, flat)
 
     def _assemble(self, receiver, own, grafted: list[_Grafted], num_mini_batches):
         """Steps 5-6: the batch (own rows ``w = 1``, grafted rows with their ``w``) and its mini-batches."""
