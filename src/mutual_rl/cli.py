@@ -8,7 +8,8 @@ Beyond Lightning's CLI:
   unless the trainer is given another checkpoint plugin;
 * ``--ckpt_path`` is checked before any model is built: a missing path, a directory, a web URL, or a file that is
   not a complete checkpoint, is one error naming the path; ``--ckpt_path last`` is the newest ``last.ckpt`` of the
-  run's checkpoint folders (:func:`~mutual_rl.callbacks.checkpointing.find_last_checkpoint`), or an error;
+  run's checkpoint folders (:func:`~mutual_rl.callbacks.checkpointing.find_last_checkpoint`); with none, a printed
+  warning and a start from scratch, as Lightning does (``--resume_required true``: an error naming where it looked);
 * a checkpoint's ``hyper_parameters`` are never merged into the configuration (Lightning would): a printed note;
 * a rich progress bar by default.
 """
@@ -80,6 +81,9 @@ class MutualRLCLI(LightningCLI):
         parser.add_lightning_class_args(self._model_class, "model", subclass_mode=self.subclass_mode_model)
         parser.add_lightning_class_args(self._datamodule_class, "data", subclass_mode=self.subclass_mode_data)
         # one usage line instead of argparse's list of every option (80 lines that repeat the option list below)
+        parser.add_argument("--resume_required", type=bool, default=False,
+                            help="with --ckpt_path last: an error when the run has no last.ckpt (default: a warning, "
+                                 "and the run starts from scratch, as Lightning does)")
         parser.usage = ("%(prog)s [-h] [-c CONFIG] [--print_config[=flags]] [--ckpt_path CKPT_PATH] "
                         "[--trainer.KEY VALUE] [--model.KEY VALUE] [--data.KEY VALUE] ...")
 
@@ -108,9 +112,7 @@ class MutualRLCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path == "last":  # Lightning looks only in this run's new version folder: never finds the last run's
-            ckpt_path = str(find_last_checkpoint(self.config[subcommand].trainer))
-            self.config[subcommand].ckpt_path = ckpt_path
-            print(f"mutual-rl: --ckpt_path last -> {ckpt_path}", file=sys.stderr, flush=True)
+            ckpt_path = _resolve_last(self.config[subcommand])
         if ckpt_path:
             refuse_web_url(ckpt_path)
         if ckpt_path and not is_special_ckpt_path(ckpt_path):
@@ -146,6 +148,23 @@ class MutualRLCLI(LightningCLI):
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default, not a user's plugin
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         return trainer
+
+
+def _resolve_last(cfg) -> str | None:
+    """``--ckpt_path last``: the newest ``last.ckpt`` of the run, printed; none found: a printed warning and a start
+    from scratch (Lightning's behaviour), or with ``--resume_required true`` the error naming where it looked."""
+    try:
+        ckpt_path = str(find_last_checkpoint(cfg.trainer))
+    except FileNotFoundError as exc:
+        if cfg.get("resume_required"):
+            raise
+        ckpt_path = None
+        print(f"mutual-rl: warning: {exc.args[0].split('. Give')[0]}; starting from scratch, as Lightning does "
+              "(--resume_required true makes this an error).", file=sys.stderr, flush=True)
+    else:
+        print(f"mutual-rl: --ckpt_path last -> {ckpt_path}", file=sys.stderr, flush=True)
+    cfg.ckpt_path = ckpt_path
+    return ckpt_path
 
 
 def _unsupported_optimizer_option(argv: list[str]) -> str | None:

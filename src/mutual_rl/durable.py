@@ -24,9 +24,10 @@ def fsync_dir(directory: Path | str) -> None:
 _TORCH_WRITE_FAILURES = ("inline_container.cc", "PytorchStreamWriter failed writing", "file write failed")
 
 
-def disk_full_error(path: Path | str, what: str, cause: BaseException) -> OSError | None:
-    """An ``OSError(ENOSPC)`` naming ``what``, ``path`` and the free space of its filesystem, when ``cause`` is a
-    failed write because the disk (or a quota) is full; None for any other error.
+def disk_full_error(path: Path | str, what: str, cause: BaseException, kept: str | None = None) -> OSError | None:
+    """An ``OSError(ENOSPC)`` naming ``what``, ``path``, the free space of its filesystem and ``kept`` (what was
+    saved, e.g. "the previous last.ckpt is intact"), when ``cause`` is a failed write because the disk (or a quota)
+    is full; None for any other error.
 
     A full disk reaches the user as a bare ``[Errno 28] No space left on device`` with no path, or -- from
     ``torch.save`` -- as ``RuntimeError: [enforce fail at inline_container.cc:...] unexpected pos``, or -- from
@@ -46,8 +47,9 @@ def disk_full_error(path: Path | str, what: str, cause: BaseException) -> OSErro
         free = f"{shutil.disk_usage(folder).free / 2**20:.1f} MiB free there now"
     except OSError:
         free = "free space unknown"
-    return OSError(errno.ENOSPC, f"no space left on the device writing {what} {str(path)!r} ({free}): free space "
-                                 f"on that filesystem or point the run at another folder")
+    saved = f"; {kept}" if kept else ""
+    return OSError(errno.ENOSPC, f"no space left on the device writing {what} {str(path)!r} ({free}){saved}: free "
+                                 f"space on that filesystem or point the run at another folder")
 
 
 def check_writable_dir(path: Path | str, what: str, fix: str) -> None:

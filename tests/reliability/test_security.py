@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from mutual_rl.callbacks.checkpointing import AtomicCheckpointIO, find_last_checkpoint
+from mutual_rl.callbacks.checkpointing import AtomicCheckpointIO, CheckpointRefusedError, find_last_checkpoint
 from mutual_rl.cli import MutualRLCLI, main
 from mutual_rl.data.datamodule import PromptDataModule
 from mutual_rl.module import MutualRLModule
@@ -95,7 +95,7 @@ def test_a_pickle_served_over_http_is_refused_and_never_run(tmp_path, http_serve
         AtomicCheckpointIO().load_checkpoint(f"{url}/evil.ckpt")
     assert not marker.exists()
     # the same file as a local path: torch's weights_only loader refuses the payload, by default
-    with pytest.raises(Exception, match="weights_only"):
+    with pytest.raises(CheckpointRefusedError, match=r"evil\.ckpt' was refused: it holds a Python object"):
         AtomicCheckpointIO().load_checkpoint(served / "evil.ckpt")
     assert not marker.exists()
 
@@ -105,7 +105,7 @@ def test_checkpoint_loads_are_weights_only_unless_the_caller_says_otherwise(tmp_
     own choice for a file they trust) is kept."""
     marker = tmp_path / "PWNED"
     path = _malicious_checkpoint(tmp_path / "evil.ckpt", marker)
-    with pytest.raises(Exception, match="weights_only"):
+    with pytest.raises(CheckpointRefusedError, match=r"evil\.ckpt' was refused: it holds a Python object"):
         AtomicCheckpointIO().load_checkpoint(path, weights_only=None)
     assert not marker.exists()
     AtomicCheckpointIO().load_checkpoint(path, weights_only=False)
@@ -157,9 +157,9 @@ def test_ckpt_path_last_finds_the_newest_last_ckpt_across_version_folders(tmp_pa
     assert f"--ckpt_path last -> {newest}" in capsys.readouterr().err
 
 
-def test_ckpt_path_last_with_nothing_to_resume_is_an_error_naming_where_it_looked(tmp_path):
+def test_ckpt_path_last_with_nothing_to_resume_and_resume_required_is_an_error_naming_where_it_looked(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"no last\.ckpt of this run.*run/checkpoints/last\*\.ckpt"):
-        main(["fit", "--config", str(_cfg(tmp_path)), "--ckpt_path", "last"])
+        main(["fit", "--config", str(_cfg(tmp_path)), "--ckpt_path", "last", "--resume_required", "true"])
 
 
 def test_find_last_checkpoint_prefers_model_checkpoint_dirpath(tmp_path):

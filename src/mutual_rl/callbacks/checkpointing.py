@@ -38,11 +38,12 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
 
     Writes ``.<name>.<random>.tmp`` next to ``path``, fsyncs it, ``os.replace``\\ s it onto ``path`` and fsyncs the
     directory; on any error the temporary file is removed and the error re-raised (a full disk as one ``OSError``
-    naming ``path`` and the free space: :func:`~mutual_rl.durable.disk_full_error`). The file gets the usual
-    ``0o666 & ~umask`` permissions.
+    naming ``path``, the free space and that the previous file is intact: :func:`~mutual_rl.durable.disk_full_error`).
+    The file gets the usual ``0o666 & ~umask`` permissions.
     """
     path = Path(path).absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
+    existed = path.exists()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -56,7 +57,9 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        full = disk_full_error(path, "the checkpoint", exc)
+        kept = (f"the previous {path.name} is intact" if existed else
+                f"no {path.name} was written (no partial file left)")
+        full = disk_full_error(path, "the checkpoint", exc, kept)
         if full is not None:
             raise full from exc
         raise
@@ -141,13 +144,45 @@ def verify_checkpoint_file(path: str | os.PathLike) -> None:
         )
 
 
+class CheckpointRefusedError(ValueError):
+    """A checkpoint holds Python objects that torch's safe loader (``weights_only=True``) does not load."""
+
+
+def refused_pickle(path, exc: BaseException) -> CheckpointRefusedError:
+    """One error naming ``path`` and the object torch's safe loader refused (torch's own message suggests loading
+    the file unsafely; this one does not)."""
+    import re
+
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc)) or re.search(
+        r"WeightsUnpickler error: ([^\n]+?)(?:\.|\n|$)", str(exc))
+    what = f"a Python object ({found.group(1)})" if found else "Python objects"
+    return CheckpointRefusedError(
+        f"checkpoint {str(path)!r} was refused: it holds {what} that loading would have to run, and mutual-rl loads "
+        "checkpoints with torch's safe loader only, so that no code in a checkpoint runs. A checkpoint written by "
+        "mutual-rl fit holds only tensors and plain values: this file was written by other code or altered. Resume "
+        "from a checkpoint of your own run (e.g. <log_dir>/checkpoints/last.ckpt), or start without --ckpt_path.")
+
+
+def safe_torch_load(path, **kwargs):
+    """``torch.load(path, weights_only=True, **kwargs)``; a refused pickle is :class:`CheckpointRefusedError`
+    naming ``path`` (:func:`refused_pickle`), raised without torch's message."""
+    import pickle
+
+    try:
+        return torch.load(path, weights_only=True, **kwargs)
+    except pickle.UnpicklingError as exc:
+        error = exc
+    raise refused_pickle(path, error) from None
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """``TorchCheckpointIO`` with atomic, fsynced local saves (:func:`atomic_torch_save`) and checked loads.
 
     ``save_checkpoint``: local paths via :func:`atomic_torch_save`; other filesystems (``s3://`` ...) as
     Lightning's ``TorchCheckpointIO`` does. ``load_checkpoint``: a local path is first checked with
     :func:`verify_checkpoint_file` (missing path, random bytes, truncated file: one error naming the path); web URLs
-    are refused (:func:`refuse_web_url`) and every load is ``weights_only=True`` unless the caller passes ``False``.
+    are refused (:func:`refuse_web_url`) and every load is ``weights_only=True`` unless the caller passes ``False``;
+    a pickle payload it refuses is :class:`CheckpointRefusedError` naming the path (:func:`refused_pickle`).
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
@@ -161,7 +196,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             verify_checkpoint_file(path)
         if weights_only is None:  # Lightning's None means weights_only=False for URLs; a caller's False stays False
             weights_only = True
-        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        import pickle
+
+        try:
+            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        except pickle.UnpicklingError as exc:
+            if not weights_only:
+                raise
+            error = exc
+        raise refused_pickle(path, error) from None
 
 
 def _is_local_path(path) -> bool:
@@ -172,8 +215,9 @@ def _is_local_path(path) -> bool:
 def checkpoint_hyper_parameter_keys(path: str | os.PathLike) -> list[str]:
     """The keys of ``path``'s ``hyper_parameters`` entry (Lightning's ``save_hyperparameters``), [] if none.
 
-    Read with ``weights_only=True`` and ``mmap=True``: nothing in the file runs, and tensors are not read."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    Read with ``weights_only=True`` and ``mmap=True``: nothing in the file runs, and tensors are not read; a refused
+    pickle is :class:`CheckpointRefusedError`."""
+    ckpt = safe_torch_load(path, map_location="cpu", mmap=True)
     hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None
     return sorted(str(k) for k in hparams) if isinstance(hparams, dict) else []
 

@@ -15,7 +15,8 @@ File ``<store_dir>/step-<step:06d>.jsonl``:
   (the recorded policy's tokenizer is not at hand to re-decode the ids).
 
 Writes go to a temporary file in the same directory, are flushed and fsync'ed, then ``os.replace``'d onto the
-final name (and the directory is fsync'ed), so a reader sees a whole step or none. Reading validates everything
+final name (and the directory is fsync'ed), so a reader sees a whole step or none; a full disk is one ``OSError``
+(ENOSPC) naming the file, the free space and the steps stored so far. Reading validates everything
 and raises :class:`StoredTrafficError` naming the file (and the line) for a missing step, an unknown schema
 version, invalid JSON (e.g. a line truncated mid-way), a missing final newline, a missing field, or a record
 count that disagrees with the header -- never a silent partial step. Every record is also cross-checked
@@ -46,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from mutual_rl.durable import fsync_dir
+from mutual_rl.durable import disk_full_error, fsync_dir
 from mutual_rl.exchange.checks import check_stored_record, record_name, rollout_digest
 from mutual_rl.exchange.records import (
     RECORD_KINDS,
@@ -159,11 +160,21 @@ def write_step(store_dir: str | os.PathLike, step: int, records: Sequence[Record
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        full = disk_full_error(path, f"the exchange traffic of step {step} to", exc, _kept(store_dir, step))
+        if full is not None:
+            raise full from exc
         raise
     fsync_dir(path.parent)
     return path
+
+
+def _kept(store_dir: str | os.PathLike, step: int) -> str:
+    """What a failed write of ``step`` left in ``store_dir``, in words."""
+    have = [s for s in stored_steps(store_dir) if s != step]
+    kept = f"the recording there keeps {_span(have)}" if have else "no step of the recording is stored there yet"
+    return f"{kept}, step {step} was not written (no partial file left)"
 
 
 

@@ -32,7 +32,8 @@ def export_policies(policies: Mapping, root: Path, *, write: bool) -> list[Path]
     """Export every policy to ``root/<name>``; under FSDP every rank gathers the full weights (a collective) and
     only the rank with ``write`` saves them. Returns the folders written (empty where ``write`` is False).
 
-    A failed write (a full disk: one ``OSError`` naming the policy, the folder and the free space; no permission)
+    A failed write (a full disk: one ``OSError`` naming the policy, the folder, the free space and what was exported;
+    no permission)
     does not stop the gathering of the other policies' weights, which the other ranks take part in; after the last policy every rank raises together (the writer its own error), so
     no rank waits forever in a later collective. An existing export is replaced only once the new one is complete:
     the old folder is moved aside, the new one renamed in, then the old one deleted."""
@@ -43,11 +44,19 @@ def export_policies(policies: Mapping, root: Path, *, write: bool) -> list[Path]
                 try:
                     written.append(_write(policy, Path(root) / name))
                 except Exception as exc:  # noqa: BLE001 - raised after the gathering, on every rank together
-                    error = disk_full_error(Path(root) / name, f"the export of policy {name!r} to", exc) or exc
+                    error = disk_full_error(Path(root) / name, f"the export of policy {name!r} to", exc,
+                                            _kept(Path(root), name, written)) or exc
                     if error is not exc:
                         error.__cause__ = exc
     raise_together(error, f"exporting the policies to {root}")
     return written
+
+
+def _kept(root: Path, name: str, written: list[Path]) -> str:
+    """What a failed export of ``name`` left, in words."""
+    done = f"exported before it: {', '.join(p.name for p in written)}" if written else "no policy was exported"
+    before = "its previous export there is kept" if (root / name).exists() else "no folder of it was left"
+    return f"{done}, {before}"
 
 
 def _write(policy, final: Path) -> Path:

@@ -14,7 +14,8 @@ Protocol: the parent writes the build's arguments as JSON (the task as its class
 runs ``python -m mutual_rl.presets.build_worker <args.json>``, whose stderr (progress bar, quality line) goes to
 the user; the worker writes the ``done.json`` info to ``<tmp>/build_info.json``. A ``ValueError`` (or
 ``TypeError``, ``FileNotFoundError``, ``ImportError``) of the build -- bad warm-up settings, a missing package -- is
-raised again in the parent with its own message; any other failure is a ``RuntimeError`` pointing to the worker's
+raised again in the parent with its own message; a full disk exits with :data:`DISK_FULL_EXIT`, raised again as
+``OSError(ENOSPC)``; any other failure is a ``RuntimeError`` pointing to the worker's
 traceback and to ``MUTUAL_RL_PRESET_BUILD=inprocess``.
 """
 
@@ -27,6 +28,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+DISK_FULL_EXIT = 28  # the worker's exit code for a full disk (ENOSPC), raised again as an OSError in the parent
 
 PINNED_ENV = {
     "OMP_NUM_THREADS": "1",
@@ -60,6 +63,10 @@ def run_pinned(name, key, tmp: Path, seed, warmstart, task, prompt_template, cha
         kind = {"ValueError": ValueError, "TypeError": TypeError, "FileNotFoundError": FileNotFoundError,
                 "ImportError": ImportError, "ModuleNotFoundError": ImportError}.get(err["type"], RuntimeError)
         raise kind(err["message"])
+    if proc.returncode == DISK_FULL_EXIT:
+        import errno
+
+        raise OSError(errno.ENOSPC, f"No space left on device (building preset {name} in its worker process)")
     if proc.returncode != 0:
         tail = proc.stdout.strip().splitlines()[-1:] if proc.stdout else []
         raise RuntimeError(f"building preset {name} failed in its worker process (exit {proc.returncode}"
@@ -85,6 +92,13 @@ def main(path: str) -> None:
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
         (tmp / "build_error.json").write_text(json.dumps({"type": type(e).__name__, "message": str(e)}))
         sys.exit(3)
+    except Exception as e:
+        from mutual_rl.durable import disk_full_error
+
+        if disk_full_error(tmp, "the preset", e) is not None:  # no file can be written to say so: an exit code
+            print(f"mutual-rl preset build: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            raise SystemExit(DISK_FULL_EXIT) from e
+        raise
     (tmp / "build_info.json").write_text(json.dumps(info, default=str))
 
 
