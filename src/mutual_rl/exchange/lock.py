@@ -95,7 +95,7 @@ class StoreLock:
             return None
         self.folder.mkdir(parents=True, exist_ok=True)
         info: dict = {}
-        for attempt in range(_TRIES):
+        for _ in range(_TRIES):
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -49,7 +49,13 @@ from dataclasses import dataclass
 from functools import partial
 
 from mutual_rl.rewards.base import RewardFn, RewardResult
-from mutual_rl.rewards.isolation import IsolatedReward, RewardFatal, RewardRaised, RewardWorkerError, type_name
+from mutual_rl.rewards.isolation import (
+    IsolatedReward,
+    RewardFatal,
+    RewardRaised,
+    RewardWorkerError,
+    type_name,
+)
 from mutual_rl.rewards.reward_values import plain_number
 from mutual_rl.rewards.reward_worker import FORKED_CHILD_EXIT
 

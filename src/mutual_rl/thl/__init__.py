@@ -1,6 +1,10 @@
-"""Tokenizer Heterogeneity Layer (docs/methods.md §2): retokenization, trace alignment, residual report."""
+"""Tokenizer Heterogeneity Layer (docs/methods.md §2): retokenization, trace alignment, residual report.
+
+The entry points check their inputs (ids in the tokenizer's range, texts encodable as UTF-8) and raise one
+:class:`THLInputError` naming the function, the argument and the fix (``checks.py``)."""
 
 from mutual_rl.thl.align import GRANULARITIES, AlignmentGroup, align_trace, align_traces, alignment_groups
+from mutual_rl.thl.checks import THLInputError
 from mutual_rl.thl.offsets import encode_with_offsets, offsets_by_decoding
 from mutual_rl.thl.residual import residual_report
 from mutual_rl.thl.retokenize import (
@@ -17,6 +21,7 @@ __all__ = [
     "AlignmentGroup",
     "DecodedSource",
     "Retokenized",
+    "THLInputError",
     "align_trace",
     "align_traces",
     "alignment_groups",

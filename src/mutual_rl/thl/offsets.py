@@ -5,6 +5,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from mutual_rl.thl.checks import check_ids, check_text
+
 Offsets = list[tuple[int, int]]
 
 
@@ -23,8 +25,10 @@ def encode_with_offsets(tokenizer: Any, text: str, *, fallback: bool = True) -> 
     Fast tokenizers give the spans directly (``return_offsets_mapping``). For a tokenizer without offsets
     (slow / Python tokenizers) and ``fallback=True`` the spans are recovered by :func:`offsets_by_decoding`
     *(ours)*, which costs ``O(T^2)`` decoding and needs ``decode(ids) == text``; otherwise, or with
-    ``fallback=False``, a ``ValueError`` names the tokenizer.
+    ``fallback=False``, a ``ValueError`` names the tokenizer. A ``text`` that is not a ``str`` encodable as UTF-8 is
+    a :class:`~mutual_rl.thl.checks.THLInputError`.
     """
+    check_text(text, "text", "encode_with_offsets")
     if getattr(tokenizer, "is_fast", False):
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True)
         return list(enc["input_ids"]), [(int(s), int(e)) for s, e in enc["offset_mapping"]]
@@ -37,6 +41,8 @@ def encode_with_offsets(tokenizer: Any, text: str, *, fallback: bool = True) -> 
 
 def encode_batch_with_offsets(tokenizer: Any, texts: list[str], *, fallback: bool = True) -> list[tuple[list[int], Offsets]]:
     """:func:`encode_with_offsets` of many responses; one batched call for fast tokenizers (same ids/spans)."""
+    for i, t in enumerate(texts):
+        check_text(t, f"texts[{i}]", "encode_batch_with_offsets")
     if getattr(tokenizer, "is_fast", False) and texts:
         enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True)
         return [(list(ids), [(int(s), int(e)) for s, e in offs])
@@ -51,8 +57,11 @@ def offsets_by_decoding(tokenizer: Any, ids: list[int], text: str) -> Offsets:
     prefix does not decode to a prefix of ``text`` (a byte token ending inside a multi-byte character
     decodes to U+FFFD) or adds nothing (a special token), the token gets a zero-width span at the current
     end, which alignment attaches to the following character. Spans are monotone and non-overlapping. Also
-    gives the spans of *sampled* ids, which need not be the canonical encoding of their text.
+    gives the spans of *sampled* ids, which need not be the canonical encoding of their text. Ids out of the
+    tokenizer's range, or a text that is not encodable, are a :class:`~mutual_rl.thl.checks.THLInputError`.
     """
+    ids = check_ids(tokenizer, ids, "ids", "offsets_by_decoding")
+    check_text(text, "text", "offsets_by_decoding")
 
     def dec(x: list[int]) -> str:
         return tokenizer.decode(x, skip_special_tokens=True, clean_up_tokenization_spaces=False)

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from mutual_rl.thl.checks import check_ids, check_text
 from mutual_rl.thl.offsets import encode_with_offsets, tokenizer_name
 
 
@@ -66,9 +67,10 @@ def decode_source(tokenizer: Any, response_ids: Any, finish_reason: str | None =
     ``stopped_on_eos`` is true iff the last id is an EOS id (``eos_token_ids``, default the tokenizer's
     ``eos_token_id``); that EOS is removed and all special tokens are skipped in the text. With
     ``finish_reason == "length"`` (the engine hit the token limit) the response never counts as stopped on
-    EOS. The ids are the evidence: a ``"stop"`` on a stop string leaves no EOS id and gives ``False``.
+    EOS. The ids are the evidence: a ``"stop"`` on a stop string leaves no EOS id and gives ``False``. Ids that are
+    not integers in ``0 .. len(tokenizer) - 1`` are a :class:`~mutual_rl.thl.checks.THLInputError` naming the first.
     """
-    ids = [int(i) for i in (response_ids.tolist() if isinstance(response_ids, torch.Tensor) else response_ids)]
+    ids = check_ids(tokenizer, response_ids, "response_ids", "decode_source")
     eos = _eos_ids(tokenizer, eos_token_ids)
     stopped = finish_reason != "length" and bool(ids) and ids[-1] in eos
     if stopped:
@@ -98,8 +100,10 @@ def prompt_ids(tokenizer: Any, prompt: str, *, chat_template: bool = False) -> l
     starts with it; the post-processor's suffix (an EOS/SEP after a single sequence) is dropped because the
     response follows. ``chat_template=True``: ``prompt`` is the user message; the tokenizer's chat template
     is rendered with ``add_generation_prompt=True`` and encoded with ``add_special_tokens=False`` (the
-    template writes its own BOS, so no double BOS).
+    template writes its own BOS, so no double BOS). A ``prompt`` that is not a ``str`` encodable as UTF-8 (a lone
+    surrogate) is a :class:`~mutual_rl.thl.checks.THLInputError`.
     """
+    check_text(prompt, "prompt", "prompt_ids")
     if chat_template:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(f"tokenizer {tokenizer_name(tokenizer)} has no chat template")
@@ -121,8 +125,11 @@ def retokenize(tokenizer: Any, prompt: str, response_text: str, stopped_on_eos: 
     :func:`prompt_ids`). ``response_text`` is encoded by :func:`~mutual_rl.thl.offsets.encode_with_offsets`
     (no special tokens, special-token text kept as text, offsets from the fast tokenizer or by decoding when
     ``offsets_fallback``). The receiver's ``eos_token_id`` is appended with a zero-width span
-    ``(len(response_text), len(response_text))`` iff ``stopped_on_eos``.
+    ``(len(response_text), len(response_text))`` iff ``stopped_on_eos``. A ``prompt`` or ``response_text`` that is
+    not a ``str`` encodable as UTF-8 (a lone surrogate) is one :class:`~mutual_rl.thl.checks.THLInputError`.
     """
+    check_text(prompt, "prompt", "retokenize")
+    check_text(response_text, "response_text", "retokenize")
     p_ids = prompt_ids(tokenizer, prompt, chat_template=chat_template)
     r_ids, offsets = encode_with_offsets(tokenizer, response_text, fallback=offsets_fallback)
     if stopped_on_eos:
