@@ -32,6 +32,7 @@ from mutual_rl.callbacks.checkpointing import (
     refuse_web_url,
     verify_checkpoint_file,
 )
+from mutual_rl.cli_errors import report_errors, start_running
 from mutual_rl.config_files import expand_config_bases
 from mutual_rl.data.datamodule import PromptDataModule
 from mutual_rl.distributed import destroy_process_group
@@ -143,6 +144,10 @@ class MutualRLCLI(LightningCLI):
             callbacks.append(Namespace(class_path="lightning.pytorch.callbacks.RichProgressBar", init_args=Namespace()))
             trainer.callbacks = callbacks
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        start_running()  # configuration is done: errors from here on are run-time errors
+        super()._run_subcommand(subcommand)
+
     def instantiate_trainer(self, **kwargs):
         trainer = super().instantiate_trainer(**kwargs)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default, not a user's plugin
@@ -203,13 +208,18 @@ def build_cli(args=None, run: bool = True) -> MutualRLCLI:
 
 def main(args=None) -> None:
     """``mutual-rl``: ``compare`` (the regime comparison, :mod:`mutual_rl.compare.cli`) or LightningCLI's
-    ``fit`` / ``validate``."""
+    ``fit`` / ``validate``. Run as the command (``args`` None), an error is one paragraph and exit status 2 for a
+    configuration error, 1 for an error mutual-rl raises on purpose (:mod:`mutual_rl.cli_errors`; the traceback
+    with ``MUTUAL_RL_DEBUG=1``); called with ``args``, the exception is raised."""
     argv = sys.argv[1:] if args is None else args
     if isinstance(argv, (list, tuple)) and argv[:1] in (["compare"], ("compare",)):
         _compare(list(argv[1:]))
         return
     try:
-        build_cli(args)
+        if args is None:  # the console command: errors as one paragraph, exit 2 for configuration errors
+            report_errors(build_cli, argv)
+        else:  # called from Python: the exceptions themselves
+            build_cli(args)
     finally:
         close_all()  # vLLM engines tear down their groups first (rollout/vllm.py)
         destroy_process_group()  # a live gloo group can abort the exit of a finished multi-process run

@@ -90,17 +90,17 @@ def test_a_second_run_and_a_replay_are_refused_while_a_run_records_into_the_fold
         assert sorted(before) == ["step-000000.jsonl"]
 
         second = _run(fit_command(_cfg(tmp_path, "second", {"store_dir": str(store)})), tmp_path)
-        assert second.returncode != 0
-        assert (f"store_dir {store} is being recorded right now by another run: pid {first.pid}, started "
-                in second.stderr), second.stderr[-3000:]
+        assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr[-3000:]
+        assert (f"mutual-rl: error: store_dir {store} is being recorded right now by another run: pid {first.pid}, "
+                "started " in second.stderr), second.stderr[-3000:]
         assert f"command: {sys.executable} -m mutual_rl.cli fit --config {first_cfg}" in second.stderr
         assert f"store_dir: {store}-2" in second.stderr
 
         replay = _run(fit_command(_cfg(tmp_path, "replay", {"replay_dir": str(store), "replay_policies": ["gpt2"],
                                                              "store_dir": str(tmp_path / "replayed")},
                                        policy="llama", regime="sgt")), tmp_path)
-        assert replay.returncode != 0
-        assert f"replay_dir {store} is being recorded right now by another run: pid {first.pid}" in replay.stderr, \
+        assert replay.returncode == 1 and "Traceback" not in replay.stderr
+        assert f"mutual-rl: error: replay_dir {store} is being recorded right now by another run: pid {first.pid}" in replay.stderr, \
             replay.stderr[-3000:]
         assert "Replay it after that run has ended" in replay.stderr
         assert {p.name: p.read_bytes() for p in store.glob("step-*.jsonl")} == before  # nothing written by them
