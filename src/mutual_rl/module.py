@@ -399,6 +399,9 @@ class MutualRLModule(LightningModule):
             # checkpointing: the shared prompt's key/value cache would be appended to again when recomputed.
             if lockstep_needed(policy.model) or has_activation_checkpointing(policy.model):
                 policy.share_prompts = False
+        from mutual_rl.memory.fit import plan_before_fit
+
+        plan_before_fit(self)  # autocast dtype per policy; on CUDA the memory plan before step 0 (memory/plan.py)
 
     def on_train_start(self) -> None:
         if self._rng_to_restore is not None:  # after every restore step, so nothing else consumes it first

@@ -33,6 +33,9 @@ class Policy(nn.Module):
         self.share_prompts = True  # one prompt forward per group in response_logp (see its docstring)
         self.chunked_head = True  # log-probs from hidden states in chunks where exact (see response_logp)
         self.max_prompt_tokens: int | None = None  # prompt_overflow: truncate sets it (see encode_prompt)
+        self.autocast_dtype: torch.dtype | None = None  # the run's autocast dtype (memory/fit.py sets it)
+        self.token_budget: int | None = None  # tokens per micro-batch the memory plan chose (None: not planned)
+        self.param_counts: dict[str, int] | None = None  # sizes for the memory plan, counted before any sharding
         if spec.compile:
             check_compiler()
         # before LoRA: the adapters' dropout is lora.dropout, as configured; exports put the config values back
@@ -44,6 +47,9 @@ class Policy(nn.Module):
             model = _add_lora(model, spec)
         self.model = model
         self.model.train()  # from_pretrained returns eval mode
+        from mutual_rl.memory.footprint import count_parameters
+
+        self.param_counts = {**count_parameters(model), "dtype_bytes": next(model.parameters()).element_size()}
         # Without LoRA a KL reference needs a frozen copy; with LoRA it is the base model, adapters disabled.
         self._reference = None
         if needs_reference and spec.lora is None:

@@ -31,6 +31,10 @@ class GRPOConfig:
     """Optimizer steps per policy per epoch (mini-batch = 1/4 of the step's responses by default)."""
     micro_batch_size: int = 0
     """Rows per forward/backward (0 = a whole mini-batch at once); changes no gradient."""
+    max_tokens_per_micro_batch: int | Literal["auto"] = "auto"
+    """Token budget (rows x padded length) of one forward/backward of the old-log-prob recompute, the update and the
+    KL reference: rows are packed into micro-batches within it (update/packing.py); changes no value or gradient.
+    auto: the memory plan's per-policy budget on CUDA (mutual_rl/memory/plan.py), 16384 elsewhere."""
     old_logp: Literal["recompute", "rollout"] = "recompute"
     """Behaviour log-probs: recompute (trainer forward before the update) | rollout (the sampler's trace)."""
     success_threshold: float = 0.0
@@ -66,6 +70,10 @@ class GRPOConfig:
         if self.ppo_epochs < 1 or self.num_mini_batches < 1 or self.micro_batch_size < 0:
             raise ValueError("algorithm.ppo_epochs and num_mini_batches must be >= 1, micro_batch_size >= 0.")
         _check_numbers(self)
+        budget = self.max_tokens_per_micro_batch
+        if budget != "auto" and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise ValueError(f"algorithm.max_tokens_per_micro_batch must be a number of tokens >= 1 or auto (the "
+                             f"memory plan's on CUDA), got {budget!r}.")
         if self.dynamic_sampling_max_rounds < 0:
             raise ValueError(f"algorithm.dynamic_sampling_max_rounds must be >= 0 (0 = filter only, no extra rounds), "
                              f"got {self.dynamic_sampling_max_rounds}.")
