@@ -10,7 +10,8 @@ and reused for ``greedy``). Metrics per policy, overall and per skill (``<metric
 * ``pass@1``: mean over the k samples, then over problems; ``pass@k``: unbiased ``1 - C(n-c, k)/C(n, k)``;
 * ``maj@k``: majority vote over the answers extracted with the reward's own rule
   (:mod:`mutual_rl.evaluation.answers`; ties share credit, no-answer samples do not vote);
-* ``greedy``: accuracy of the greedy response (:mod:`mutual_rl.evaluation.greedy`);
+* ``greedy``: accuracy of the greedy response (:mod:`mutual_rl.evaluation.greedy`; through the rollout engine
+  when it decodes greedily itself -- ``VLLMRolloutEngine.generate_greedy`` -- else Hugging Face ``generate``);
 * ``boxed_rate``: the share of the k samples with exactly one closed ``\\boxed{...}`` (the ``boxed_format`` rule,
   whatever the reward), mean over problems -- the format rate of chat tasks;
 * ``num_problems``.
@@ -126,12 +127,19 @@ class Evaluator:
         self._devices = {}
         self._complementarity = {}
 
+    def _greedy(self, policy, problems, max_new: int) -> list[str]:
+        """Greedy texts through the engine when it decodes greedily itself (vLLM), else Hugging Face ``generate``."""
+        through_engine = getattr(self.engine, "generate_greedy", None)
+        if through_engine is not None:
+            return through_engine(policy, problems, max_new)
+        return greedy_generate(policy, problems, max_new, self.cfg.greedy_batch_size)
+
     def add(self, policy, problems) -> None:
         s = policy.spec.sampling
         max_new = self.cfg.max_new_tokens or s.max_new_tokens
         greedy = None
         if self.cfg.temperature == 0:  # greedy decoding: k identical samples, decoded once
-            greedy = greedy_generate(policy, problems, max_new, self.cfg.greedy_batch_size)
+            greedy = self._greedy(policy, problems, max_new)
             samples = [[g] * self.cfg.k for g in greedy]
         else:
             sampling = SamplingSpec(n=self.cfg.k, temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=0,
@@ -141,7 +149,7 @@ class Evaluator:
         if not self.cfg.greedy:
             greedy = [None] * len(problems)
         elif greedy is None:
-            greedy = greedy_generate(policy, problems, max_new, self.cfg.greedy_batch_size)
+            greedy = self._greedy(policy, problems, max_new)
         self._devices[policy.name] = policy.device
         for problem, texts, g in zip(problems, samples, greedy):
             # each distinct text scored once (greedy decoding: k copies of one), in one call with the greedy response

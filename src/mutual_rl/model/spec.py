@@ -175,7 +175,10 @@ class PolicySpec:
     """Tokenizer from elsewhere: a folder, Hub id, .gguf file or pkg: reference (default: the model's own)."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     """Weight dtype of the loaded model (auto: the checkpoint's own). Log-probs are computed in float32 in any
-    case; bfloat16 halves memory (GPU), float16 may overflow in training."""
+    case; bfloat16 halves memory (GPU), float16 may overflow in training. bfloat16/float16 store the trained weights
+    themselves in 16 bits -- no float32 master copy, as under trainer.precision bf16-true, and warned the same way
+    (updates of lr 1e-6 round away); for bf16 compute with float32 master weights keep float32 here and set
+    trainer.precision: bf16-mixed."""
     attn_implementation: str | None = None
     """Attention kernel passed to from_pretrained (eager, sdpa, flash_attention_2, flex_attention, ...);
     default: transformers' choice (sdpa where supported)."""
@@ -236,6 +239,14 @@ class PolicySpec:
                 f"policy {self.name!r}: warmstart is set, but model {self.model!r} is not a {PRESET_PREFIX} preset; "
                 f"the supervised warm-up only builds the embedded presets ({PRESET_PREFIX}gpt2-bpe, ...). Remove "
                 "warmstart from this policy, or use a preset model."
+            )
+        if self.dtype in ("bfloat16", "float16"):
+            warnings.warn(
+                f"policy {self.name!r}: dtype {self.dtype} stores the trained weights in 16 bits, with no float32 "
+                "master copy (as trainer.precision bf16-true): AdamW updates smaller than the weights' rounding "
+                "step (about 1/256 of a weight in bfloat16; lr 1e-6 updates are) are lost. For bf16 compute with "
+                "float32 master weights keep dtype: float32 and set trainer.precision: bf16-mixed.",
+                UserWarning, stacklevel=3,
             )
         if self.sampling.n == 1:
             warnings.warn(

@@ -27,8 +27,16 @@ What is implemented and tested against the real vLLM (its CPU backend, ``tests/r
   -- the log-prob of each *sampled* token -- with ``logprobs_mode="processed_logprobs"`` (temperature, top-k and
   top-p applied, as the HF engine's trace and the trainer's tempered ``response_logp``) and
   ``generation_config="vllm"`` (the checkpoint's generation defaults are not applied).
-* **Records** (:func:`build_rollouts`, pure): sampled ids (vLLM keeps the EOS id when it stops on it), log-probs,
-  finish reason, response text (special tokens skipped) and char offsets, exactly as ``rollout/hf.py``.
+* **Records** (:func:`build_rollouts`, pure, ``rollout/vllm_records.py``): sampled ids (vLLM keeps the EOS id
+  when it stops on it), log-probs (read column-wise from vLLM's flat log-probs, ``VLLM_FLAT_LOGPROBS=1`` unless the
+  environment sets it: no Python object or loop per token), finish reason, response text (special tokens skipped)
+  and char offsets, exactly as ``rollout/hf.py``.
+* **Greedy evaluation** (:meth:`VLLMRolloutEngine.generate_greedy`): temperature 0 through the engine, used by the
+  evaluator in place of Hugging Face ``generate``.
+* **Dtype and memory**: ``dtype: auto`` is the trainer's compute dtype (bf16 under ``bf16-mixed``), and
+  ``gpu_memory_utilization: auto`` (the default) is the memory plan's share of the card (``mutual_rl/memory``), 0.3
+  where no plan ran. *Not done* (issue 34, item 5): LoRA syncs push the merged full weights, not the adapters alone
+  as LoRA requests.
 * **Weight sync** (``sync_weights(policy)``, called after each update) and the **differential probe**
   (:class:`~mutual_rl.rollout.vllm_sync.ProbeBaseline`): see :mod:`mutual_rl.rollout.vllm_sync`. Under several
   processes a failed probe raises on every rank together.
@@ -36,8 +44,8 @@ What is implemented and tested against the real vLLM (its CPU backend, ``tests/r
 Several GPUs (*not verified*: no GPU has run it). Under a multi-process run each rank builds its own engines bound
 to its own GPU the way TRL's colocated mode does: ``distributed_executor_backend="external_launcher"`` with
 ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` set from the process group, and ``seed + rank``. Refused with a clear error,
-because an in-process engine cannot do them: ``tensor_parallel_size`` > 1 and a policy's rollouts on a device
-other than its rank's (MWRA ``placement: <index>``).
+because an in-process engine cannot do them: ``tensor_parallel_size`` or ``pipeline_parallel_size`` > 1 and a
+policy's rollouts on a device other than its rank's (MWRA ``placement: <index>``).
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -60,9 +69,17 @@ from mutual_rl.rollout.vllm_process import (
     INSTALL_HINT,
     adopt,
     building,
+    check_utilization,
     cpu_kv_cache_bytes,
     engine_placement,
+    flat_logprobs,
     preserved_process_state,
+)
+from mutual_rl.rollout.vllm_records import (  # noqa: F401 (re-exported)
+    build_rollouts,
+    prompt_logprobs_tail,
+    sampled_logprob,
+    sampled_logprobs,
 )
 from mutual_rl.rollout.vllm_sync import (
     ProbeBaseline,
@@ -79,8 +96,10 @@ from mutual_rl.rollout.vllm_sync import (
     trainer_probe_logp,
 )
 from mutual_rl.stats import ProbeStats, SyncStats
-from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Problem, Rollout
+
+AUTO_UTILIZATION = 0.3
+"""``gpu_memory_utilization: auto`` where no memory plan ran (the CPU backend, an engine outside a fit)."""
 
 __all__ = ["VLLMRolloutEngine", "WeightSyncError", "build_rollouts", "close_all", "import_vllm"]
 
@@ -101,63 +120,6 @@ def import_vllm():
     return vllm
 
 
-# ------------------------------------------------------------------------------------------ pure parts
-def sampled_logprob(entry, token_id: int) -> float:
-    """The log-prob of ``token_id`` in one position of vLLM's ``logprobs`` (``{id: Logprob}`` or floats)."""
-    value = entry[token_id]
-    return float(getattr(value, "logprob", value))
-
-
-def build_rollouts(
-    policy, problems: Sequence[Problem], prompts: Sequence[str], prompt_ids: Sequence[list[int]], outputs,
-    *, step: int, group_id_base: int = 0,
-) -> list[list[Rollout]]:
-    """:class:`Rollout` records from vLLM ``RequestOutput``\\ s (one per problem, ``n`` completions each).
-
-    Each completion needs ``token_ids``, ``logprobs`` (one ``{id: Logprob}`` per sampled token) and
-    ``finish_reason`` (``stop`` on EOS, ``length``).
-    """
-    if len(outputs) != len(problems):
-        raise ValueError(f"vLLM returned {len(outputs)} request outputs for {len(problems)} prompts.")
-    tok, eos = policy.tokenizer, policy.tokenizer.eos_token_id
-    out: list[list[Rollout]] = []
-    for i, (problem, req) in enumerate(zip(problems, outputs)):
-        group = []
-        for c in req.outputs:
-            ids = [int(t) for t in c.token_ids]
-            if c.logprobs is None or len(c.logprobs) != len(ids):
-                raise ValueError("vLLM completion without one log-prob per sampled token; sample with "
-                                 "SamplingParams(logprobs=0).")
-            stopped = bool(ids) and ids[-1] == eos
-            if c.finish_reason == "stop" and not stopped:
-                raise ValueError(f"vLLM stopped (finish_reason 'stop') without the EOS id {eos} as last token; "
-                                 "stop strings / other stop ids are not supported (they break the RL trace).")
-            logp = torch.tensor([sampled_logprob(e, t) for e, t in zip(c.logprobs, ids)], dtype=torch.float32)
-            body = ids[:-1] if stopped else ids
-            text = tok.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-            offsets = tuple(offsets_by_decoding(tok, body, text))
-            if stopped:
-                offsets = offsets + ((len(text), len(text)),)
-            group.append(Rollout(
-                policy_id=policy.name, prompt_id=problem.prompt_id, group_id=group_id_base + i, step=step,
-                policy_version=policy.version, prompt_text=prompts[i], response_text=text,
-                prompt_ids=torch.tensor(prompt_ids[i], dtype=torch.long),
-                response_ids=torch.tensor(ids, dtype=torch.long), logp=logp, offsets=offsets,
-                finish_reason="eos" if stopped else "length",
-            ))
-        out.append(group)
-    return out
-
-
-def prompt_logprobs_tail(request_output, token_ids: Sequence[int], width: int) -> torch.Tensor:
-    """The last ``width`` prompt log-probs [width] of a ``prompt_logprobs`` request over ``token_ids``."""
-    plp = request_output.prompt_logprobs
-    if plp is None or len(plp) != len(token_ids):
-        raise ValueError("vLLM returned no prompt log-probs for every prompt token (use prompt_logprobs=0).")
-    tail = list(zip(plp, token_ids))[len(token_ids) - width:]
-    return torch.tensor([sampled_logprob(e, t) for e, t in tail], dtype=torch.float32)
-
-
 # ----------------------------------------------------------------------------------------------- engine
 @dataclass
 class _Held:
@@ -174,7 +136,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def __init__(
         self,
-        gpu_memory_utilization: float = 0.3,
+        gpu_memory_utilization: float | Literal["auto"] = "auto",
         kv_cache_memory_bytes: int | None = None,
         enable_sleep_mode: bool = False,
         dtype: str = "auto",
@@ -189,12 +151,14 @@ class VLLMRolloutEngine(RolloutEngine):
         """
         Args:
             gpu_memory_utilization: fraction of the GPU each policy's engine may use (weights + key/value cache);
-                on vLLM's CPU backend, the fraction of RAM.
+                on vLLM's CPU backend, the fraction of RAM. auto: what the memory plan gives it before step 0 on
+                CUDA (mutual_rl/memory/plan.py); 0.3 where no plan ran (the CPU backend, an engine outside a fit).
             kv_cache_memory_bytes: the key/value cache of each engine in bytes (default: vLLM's own sizing on
                 GPUs; on the CPU ``gpu_memory_utilization`` of RAM minus the policy's weights).
             enable_sleep_mode: the engine sleeps between generations, freeing GPU memory for training (one
                 engine per process only; not on the CPU).
-            dtype: engine dtype (auto: the policy's).
+            dtype: engine dtype (auto: the dtype the trainer computes in -- FSDP's mixed-precision dtype, else
+                the autocast dtype of trainer.precision (bf16-mixed: bfloat16), else the parameters').
             max_model_len: longest prompt + response (default: the model's).
             enforce_eager: disable CUDA graphs and compilation (faster start-up for tiny models).
             seed: engine seed (+ the rank under several processes); sampling draws from the process's generator.
@@ -203,18 +167,23 @@ class VLLMRolloutEngine(RolloutEngine):
                 in bfloat16/float16).
             probe_every: run the probe after every k-th sync (0 = never; not recommended).
             per_policy: per-policy overrides of the keys above, e.g. {qwen: {max_model_len: 4096}}.
-            llm_kwargs: extra vllm.LLM keyword arguments (tensor_parallel_size > 1 is refused).
+            llm_kwargs: extra vllm.LLM keyword arguments (tensor_parallel_size or pipeline_parallel_size > 1 is
+                refused).
         """
         import_vllm()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine core: direct loads (checked)
+        os.environ.setdefault("VLLM_FLAT_LOGPROBS", "1")  # log-probs as flat columns (rollout/vllm_records.py)
         self.defaults = dict(gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
                              enable_sleep_mode=enable_sleep_mode, dtype=dtype, max_model_len=max_model_len,
                              enforce_eager=enforce_eager, seed=seed)
         self.probe_margin, self.probe_every = probe_margin, probe_every
         self.per_policy, self.llm_kwargs = dict(per_policy or {}), dict(llm_kwargs or {})
-        if int(self.llm_kwargs.get("tensor_parallel_size", 1)) > 1:
-            raise ValueError("VLLMRolloutEngine: tensor_parallel_size > 1 is not supported: each policy's engine runs "
-                             "in the training process (one GPU per rank); use a model that fits one GPU.")
+        for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if int(self.llm_kwargs.get(key, 1)) > 1:
+                raise ValueError(f"VLLMRolloutEngine: {key} > 1 is not supported: each policy's engine runs in the "
+                                 "training process (one GPU per rank); use a model that fits one GPU.")
+        check_utilization(gpu_memory_utilization, "gpu_memory_utilization")
+        self._planned: dict[str, float] = {}
         for name in self.per_policy:
             self._args(name)
         self.llms: dict[str, _Held] = {}
@@ -239,11 +208,14 @@ class VLLMRolloutEngine(RolloutEngine):
                              "device). Use placement: colocate.")
 
     def _args(self, name: str) -> dict:
+        """The engine arguments of policy ``name`` (defaults, then its ``per_policy`` overrides), checked."""
         unknown = set(self.per_policy.get(name, {})) - set(self.defaults)
         if unknown:
             raise ValueError(f"vllm per_policy[{name!r}]: unknown keys {sorted(unknown)}; known: "
                              f"{sorted(self.defaults)}.")
-        return {**self.defaults, **self.per_policy.get(name, {})}
+        args = {**self.defaults, **self.per_policy.get(name, {})}
+        check_utilization(args["gpu_memory_utilization"], f"per_policy[{name!r}].gpu_memory_utilization")
+        return args
 
     def ensure(self, policy) -> _Held:
         """The policy's engine, awake; built on first use (loaded with the current weights, baseline probed)."""
@@ -253,16 +225,32 @@ class VLLMRolloutEngine(RolloutEngine):
         self._wake(held)
         return held
 
+    def resolved_args(self, policy) -> dict:
+        """The policy's engine arguments with ``dtype: auto`` resolved (the trainer's compute dtype) and the
+        memory plan's ``gpu_memory_utilization`` in place of ``auto`` (still ``auto`` when no plan ran)."""
+        args = self._args(policy.name)
+        if args["dtype"] == "auto":
+            args["dtype"] = str(trainer_compute_dtype(policy)).removeprefix("torch.")
+        if args["gpu_memory_utilization"] == "auto" and policy.name in self._planned:
+            args["gpu_memory_utilization"] = self._planned[policy.name]
+        return args
+
+    def set_planned_utilization(self, utilization: dict[str, float]) -> None:
+        """The memory plan's ``gpu_memory_utilization`` per policy, used where the configuration says ``auto``."""
+        self._planned.update(utilization)
+
     def _dtypes_half(self, policy) -> bool:
         """Whether the engine or the trainer computes in 16-bit floats (sets the probe's margin and limit)."""
-        return is_half(self._args(policy.name)["dtype"], trainer_compute_dtype(policy))
+        return is_half(self.resolved_args(policy)["dtype"], trainer_compute_dtype(policy))
 
     def _build(self, policy) -> _Held:
         vllm = import_vllm()
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
             raise ValueError("VLLM_ENABLE_V1_MULTIPROCESSING is set to a non-zero value; the vLLM engine loads weights "
                              "into an in-process engine core: unset it or set it to 0.")
-        args = self._args(policy.name)
+        args = self.resolved_args(policy)
+        if args["gpu_memory_utilization"] == "auto":
+            args["gpu_memory_utilization"] = AUTO_UTILIZATION
         on_cpu = policy.device.type == "cpu"
         sleepers = [n for n in self.llms if self._args(n)["enable_sleep_mode"]] + (
             [policy.name] if args["enable_sleep_mode"] else [])
@@ -273,8 +261,6 @@ class VLLMRolloutEngine(RolloutEngine):
         if args["enable_sleep_mode"] and on_cpu:
             raise ValueError(f"policy {policy.name!r}: enable_sleep_mode is a GPU feature (vLLM's CPU backend ignores "
                              "it); set enable_sleep_mode: false.")
-        if args["dtype"] == "auto":
-            args["dtype"] = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
         if on_cpu and args["kv_cache_memory_bytes"] is None:
             from mutual_rl.distributed import is_sharded, rank_and_world
 
@@ -327,10 +313,29 @@ class VLLMRolloutEngine(RolloutEngine):
         prompt_ids = [policy.encode_prompt(t) for t in prompts]
         params = vllm.SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
                                      top_k=sampling.top_k, max_tokens=sampling.max_new_tokens, logprobs=0,
-                                     stop_token_ids=[policy.tokenizer.eos_token_id])
+                                     stop_token_ids=[policy.tokenizer.eos_token_id], **flat_logprobs(vllm))
         outputs = held.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
         self._maybe_sleep(policy.name, held)
         return build_rollouts(policy, problems, prompts, prompt_ids, outputs, step=step, group_id_base=group_id_base)
+
+    @torch.no_grad()
+    @outside_autocast()
+    def generate_greedy(self, policy, problems: Sequence[Problem], max_new_tokens: int) -> list[str]:
+        """One greedy completion's text per problem (temperature 0: no random number drawn), through the policy's
+        engine with its current weights; the text as ``evaluation.greedy`` decodes it (up to the first EOS, special
+        tokens skipped). Evaluation uses it in place of Hugging Face ``generate`` when this is the engine."""
+        vllm = import_vllm()
+        held = self.ensure(policy)
+        if held.version != policy.version:
+            call_together(lambda: self._sync(policy, held), f"the vLLM weight sync of policy {policy.name!r}")
+        prompts = [policy.render_prompt(p.problem) for p in problems]
+        prompt_ids = [policy.encode_prompt(t) for t in prompts]
+        params = vllm.SamplingParams(n=1, temperature=0.0, max_tokens=max_new_tokens, logprobs=0,
+                                     stop_token_ids=[policy.tokenizer.eos_token_id], **flat_logprobs(vllm))
+        outputs = held.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+        self._maybe_sleep(policy.name, held)
+        groups = build_rollouts(policy, problems, prompts, prompt_ids, outputs, step=-1)
+        return [g[0].response_text for g in groups]
 
     @outside_autocast()
     def sync_weights(self, policy) -> SyncStats | None:

@@ -71,6 +71,23 @@ def _node_ram() -> int:
         return psutil.virtual_memory().total
 
 
+def flat_logprobs(vllm) -> dict:
+    """``{"flat_logprobs": True}`` where vLLM's ``SamplingParams`` takes that field (the flat log-prob columns per
+    request); else nothing (``VLLM_FLAT_LOGPROBS=1``, set by the engine, asks for them process-wide)."""
+    fields = getattr(vllm.SamplingParams, "__struct_fields__", None) or getattr(
+        vllm.SamplingParams, "__dataclass_fields__", {})
+    return {"flat_logprobs": True} if "flat_logprobs" in fields else {}
+
+
+def check_utilization(value, where: str) -> None:
+    """``gpu_memory_utilization`` is ``auto`` or a fraction in (0, 1]; else ``ValueError`` naming ``where``."""
+    if value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"vllm {where}={value!r} must be auto (the memory plan's share of the card) or a fraction "
+                         "in (0, 1] of the card (of RAM on vLLM's CPU backend).")
+
+
 def cpu_kv_cache_bytes(utilization: float, weight_bytes: int, *, policy: str = "?") -> int:
     """The key/value cache of a CPU engine: ``utilization`` of the RAM of the NUMA node vLLM binds it to
     (:func:`_node_ram`) minus the policy's weights."""

@@ -233,14 +233,17 @@ def trainer_probe_logp(policy, pairs) -> list[torch.Tensor]:
 
 def trainer_compute_dtype(policy) -> torch.dtype:
     """The dtype the trainer's forwards compute in: FSDP's ``mixed_precision.param_dtype`` when set, else the
-    parameters' dtype."""
+    autocast dtype of the run's precision (``policy.autocast_dtype``, set when a fit starts: bfloat16 under
+    ``bf16-mixed``), else the parameters' dtype."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     root = next((m for m in policy.model.modules() if isinstance(m, FSDP)), None)
     mixed = getattr(root, "mixed_precision", None) if root is not None else None
     if mixed is not None and getattr(mixed, "param_dtype", None) is not None:
         return mixed.param_dtype
-    return next(policy.model.parameters()).dtype
+    params = next(policy.model.parameters()).dtype
+    autocast = getattr(policy, "autocast_dtype", None)
+    return autocast if autocast is not None and params == torch.float32 else params
 
 
 def is_half(*dtypes) -> bool:
