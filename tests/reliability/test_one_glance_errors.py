@@ -31,8 +31,8 @@ def _write(tmp_path: Path, policy: dict | None = None, text: str | None = None, 
 
 
 def _fit(cfg: Path, tmp_path: Path, **env) -> subprocess.CompletedProcess:
-    return subprocess.run(fit_command(cfg), cwd=tmp_path, env={**subprocess_env(), **env}, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, timeout=300)
+    return subprocess.run(fit_command(cfg), cwd=tmp_path, env={**subprocess_env(), **env}, capture_output=True,
+                          text=True, timeout=300)
 
 
 def _reported(proc: subprocess.CompletedProcess) -> list[str]:
