@@ -28,21 +28,16 @@ import inspect
 from collections import deque
 from collections.abc import Sequence
 from contextlib import contextmanager
+from typing import Literal
 
 import torch
-from transformers import (
-    GenerationConfig,
-    LogitsProcessor,
-    LogitsProcessorList,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from mutual_rl.interfaces import RolloutEngine
 from mutual_rl.model.lm_head import base_model
 from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.rollout.decode_attention import decode_attention
+from mutual_rl.rollout.static_decode import sampling_warpers, static_sample, supports_static_sample
 from mutual_rl.strategies import generation_params
 from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Problem, Rollout
@@ -63,11 +58,32 @@ def nonfinite_logits_message(policy) -> str:
             "then restart from the last good checkpoint.")
 
 
-class HFRolloutEngine(RolloutEngine):
-    """``generate``-based engine; ``chunk_size`` bounds how many sequences are generated at once."""
+SAMPLERS = ("auto", "static", "generate")
 
-    def __init__(self, chunk_size: int = 512):
+
+class HFRolloutEngine(RolloutEngine):
+    """Samples with the training model itself; ``chunk_size`` bounds how many sequences are sampled at once.
+
+    ``sampler`` chooses the decoding loop:
+
+    - ``"static"``: the static-cache loop of ``rollout/static_decode.py`` (preallocated key/value buffers, none of
+      ``generate``'s per-step machinery; the same tokens as ``generate`` for the same generator state, tested);
+    - ``"generate"``: Hugging Face ``generate`` (module docstring);
+    - ``"auto"`` (default): ``"static"`` on the CPU, where it was measured faster (``scripts/bench_engines.py
+      --hf-samplers``), ``"generate"`` on accelerators, where it was not measured.
+
+    Whatever is chosen, ``generate`` is used where the static loop cannot run: under FSDP lockstep (ranks must keep
+    running forwards until the busiest one finishes: ``generate``'s ``synced_gpus``), for models whose cache is
+    not plain key/value layers or whose ``forward`` takes no ``position_ids`` / ``logits_to_keep``
+    (``static_decode.supports_static_sample``), and for the reference path that keeps ``generate``'s scores.
+    """
+
+    def __init__(self, chunk_size: int = 512, sampler: Literal["auto", "static", "generate"] = "auto"):
+        if sampler not in SAMPLERS:
+            raise ValueError(f"HFRolloutEngine sampler {sampler!r} is not one of {', '.join(SAMPLERS)}; use 'auto' "
+                             "(the static-cache loop on the CPU), 'static' or 'generate' (Hugging Face generate).")
         self.chunk_size = chunk_size
+        self.sampler = sampler
         # benchmarks only (scripts/bench_step.py): EOS suppressed for this many tokens; the trainer's log-probs do
         # not model it, so it is no training option
         self.benchmark_min_new_tokens = 0
@@ -123,7 +139,39 @@ class HFRolloutEngine(RolloutEngine):
         for r, p in enumerate(prompt_ids):  # left padding
             ids[r, width - len(p):] = torch.tensor(p)
             attn[r, width - len(p):] = 1
-        dev = policy.device
+        ids, attn = ids.to(policy.device), attn.to(policy.device)
+        # the mask is passed: transformers' padding warning is a false alarm
+        with generation_params(policy.model) as model, decode_attention(model, self.decode_attention), \
+                finished_row_pad_alarm_silenced():
+            # under lockstep every rank must run the same forwards: no shared prefill, and generate (synced_gpus)
+            prefix = shared_prompt_cache(model, ids, attn) if self.share_prefill and not synced else None
+            try:
+                if self.uses_static_sampler(policy, synced):
+                    seq, logp = static_sample(model, ids, attn, s, eos_token_id=tok.eos_token_id,
+                                              pad_token_id=tok.pad_token_id, prefix=prefix,
+                                              min_new_tokens=self.benchmark_min_new_tokens)
+                else:
+                    seq, logp = self._generate(model, tok, ids, attn, s, synced, prefix)
+            except RuntimeError as exc:
+                if "probability tensor contains" in str(exc):  # torch.multinomial on inf/NaN scores
+                    raise NonFiniteLogitsError(nonfinite_logits_message(policy)) from exc
+                raise
+        seq, logp = seq.cpu(), logp.cpu()
+        is_eos = seq == tok.eos_token_id
+        first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, seq.shape[1]).tolist()  # length incl. EOS
+        return [seq[r, :n] for r, n in enumerate(first)], [logp[r, :n] for r, n in enumerate(first)]
+
+    def uses_static_sampler(self, policy, synced: bool = False) -> bool:
+        """Whether :meth:`generate` samples ``policy`` with the static-cache loop (class docstring)."""
+        if self.sampler == "generate" or synced or self._keep_scores:
+            return False
+        if self.sampler == "auto" and torch.device(policy.device).type != "cpu":
+            return False
+        return supports_static_sample(policy.model)
+
+    def _generate(self, model, tok, ids, attn, s: SamplingSpec, synced: bool, prefix):
+        """``(tokens [B, T], logp [B, T])`` from ``model.generate`` (on the device; rows past EOS padded)."""
+        width = ids.shape[1]
         # the sampling warpers run inside the recorder, because generate would apply its own after any custom
         # processor; the reference path (_keep_scores) lets generate apply them and keeps all its scores
         recorder = None if self._keep_scores else SampledLogProbs(s.temperature, s.top_k, s.top_p)
@@ -138,29 +186,15 @@ class HFRolloutEngine(RolloutEngine):
         extra = {"synced_gpus": True} if synced else {}
         if recorder:
             extra.update(logits_processor=LogitsProcessorList([recorder]), streamer=recorder)
-        ids, attn = ids.to(dev), attn.to(dev)
-        # the mask is passed: transformers' padding warning is a false alarm
-        with generation_params(policy.model) as model, only_config(model, cfg), \
-                decode_attention(model, self.decode_attention), finished_row_pad_alarm_silenced():
-            if self.share_prefill and not synced:  # under lockstep every rank must run the same forwards: off
-                cache = shared_prompt_cache(model, ids, attn)
-                if cache is not None:
-                    extra["past_key_values"] = cache
-            try:
-                gen = model.generate(input_ids=ids, attention_mask=attn, generation_config=cfg, **extra)
-            except RuntimeError as exc:
-                if "probability tensor contains" in str(exc):  # torch.multinomial on inf/NaN scores
-                    raise NonFiniteLogitsError(nonfinite_logits_message(policy)) from exc
-                raise
-        seq = gen.sequences[:, width:].cpu()  # [B, T]
+        if prefix is not None:
+            extra["past_key_values"] = prefix
+        with only_config(model, cfg):
+            gen = model.generate(input_ids=ids, attention_mask=attn, generation_config=cfg, **extra)
+        seq = gen.sequences[:, width:]  # [B, T]
         if recorder:
-            logp = recorder.logp(seq.shape[1])
-        else:  # the reference: every step's processed scores, [B, T, V]
-            scores = torch.stack(gen.scores, dim=1).float()
-            logp = torch.log_softmax(scores, dim=-1).gather(-1, seq.to(scores.device).unsqueeze(-1)).squeeze(-1).cpu()
-        is_eos = seq == tok.eos_token_id
-        first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, seq.shape[1]).tolist()  # length incl. EOS
-        return [seq[r, :n] for r, n in enumerate(first)], [logp[r, :n] for r, n in enumerate(first)]
+            return seq, recorder.logp(seq.shape[1])
+        scores = torch.stack(gen.scores, dim=1).float()  # the reference: every step's processed scores, [B, T, V]
+        return seq, torch.log_softmax(scores, dim=-1).gather(-1, seq.to(scores.device).unsqueeze(-1)).squeeze(-1)
 
     @staticmethod
     def _record(policy, problem, prompt_text, prompt_ids, ids, logp, step, group_id) -> Rollout:
@@ -192,14 +226,7 @@ class SampledLogProbs(LogitsProcessor):
     """
 
     def __init__(self, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
-        warpers = []
-        if temperature != 1.0:
-            warpers.append(TemperatureLogitsWarper(temperature))
-        if top_k:
-            warpers.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
-        if top_p < 1.0:
-            warpers.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
-        self._warpers = LogitsProcessorList(warpers)
+        self._warpers = sampling_warpers(temperature, top_k, top_p)
         self._pending: deque[torch.Tensor] = deque()
         self._steps: list[torch.Tensor] = []
         self._prompt_seen = False
