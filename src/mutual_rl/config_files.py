@@ -58,6 +58,12 @@ def load_config(path: str | Path) -> dict:
     return merged
 
 
+def merge_config(old: dict, new: dict) -> dict:
+    """``new`` over ``old`` as a later ``--config`` file goes over an earlier one (nested mappings merge, lists are
+    replaced, a ``class_path`` naming another class replaces the mapping)."""
+    return _merge(old, new)
+
+
 def _merge(old, new):
     if not (isinstance(old, dict) and isinstance(new, dict)):
         return new

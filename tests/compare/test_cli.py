@@ -17,6 +17,7 @@ import yaml
 
 from mutual_rl.cli import main
 from mutual_rl.compare import cli, plots
+from mutual_rl.compare.labels import LABELS
 from mutual_rl.compare.settings import Settings
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -77,7 +78,7 @@ def test_todays_spellings_parse_as_before():
     parsed = cli.parser_for(cli.compare, "t").parse_args(cli.normalize(argv, cli.compare)).as_dict()
     assert parsed == {"name": "x", "regimes": ("grpo", "graft_stored"), "seeds": (0, 1), "steps": 300,
                       "val_every": 5, "val_per_skill": 8, "k": 8, "last_k": 1, "ckpt_every": 3, "parallel": 2,
-                      "threads": 1, "results": "results", "warmstart_steps": 1500, "smoke": True,
+                      "threads": 1, "results": "results", "warmstart_steps": 1500, "smoke": True, "benchmark": "v3",
                       "report_only": False, "from_summary": True, "list": False}
     same = cli.normalize(["--seeds=[0,1]", "--regimes", "[grpo]", "--smoke=true"], cli.compare)
     assert same == ["--seeds=[0,1]", "--regimes=[grpo]", "--smoke=true"]
@@ -103,7 +104,7 @@ def test_console_script_outside_a_checkout(tmp_path):
                          timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.splitlines()[0].startswith("grpo                 configs/grpo.yaml: GRPO per policy")
-    assert len(res.stdout.splitlines()) == 17 and not (tmp_path / "results").exists()
+    assert len(res.stdout.splitlines()) == len(LABELS) == 21 and not (tmp_path / "results").exists()
 
 
 def test_matplotlib_only_for_figures(monkeypatch):

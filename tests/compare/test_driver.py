@@ -177,3 +177,40 @@ def test_curves_keep_rescue_and_complementarity_series():
     assert keep("complementarity/gpt2->llama", pols) and keep("complementarity/gpt2->llama/mixed_frac", pols)
     assert keep("exchange/gpt2->llama/consumed", pols)
     assert not keep("complementarity/gpt2->llama/all_fail", pols) and not keep("gpt2/gen_s", pols)
+
+
+def test_benchmark_v4_overlay_and_regime_args(tmp_path):
+    """--benchmark v4 merges configs/v4.yaml over each label's config (the task replaced whole, the policies list
+    replaced), keeping the label's regime; regime_args labels set the regime's arguments over the config's."""
+    v4 = load_config(labels.configs_dir() / "v4.yaml")
+    for label, regime, args in (("sgt_lam01", "SGT", {"coef": 0.1}), ("graft_d05", "GRAFT", {"delta": 0.5}),
+                                ("graft", "GRAFT", {"delta": 0.8})):
+        cfg = runner.run_config(runner.Job(label, 0), _settings(benchmark="v4"), tmp_path / label, tmp_path)
+        assert cfg["data"]["task"] == v4["data"]["task"]
+        assert cfg["data"]["task"]["class_path"] == "mutual_rl.data.chain.ChainTask"
+        assert [p["sampling"]["max_new_tokens"] for p in cfg["model"]["policies"]] == [40, 40]
+        assert [p["warmstart"]["skills"] for p in cfg["model"]["policies"]] == [["add"], ["sub"]]
+        assert cfg["model"]["regime"]["class_path"] == regime
+        assert cfg["model"]["regime"].get("init_args") == args
+    v3 = runner.run_config(runner.Job("graft_d03", 0), _settings(), tmp_path / "d03", tmp_path)
+    assert v3["model"]["regime"]["init_args"] == {"delta": 0.3} and "digits" in v3["data"]["task"]
+    with pytest.raises(SystemExit, match="unknown benchmark 'v9'; the benchmarks: v3, v4"):
+        _settings(benchmark="v9")
+
+
+@pytest.mark.slow
+def test_benchmark_v4_run_config_parses_as_fit_reads_it(tmp_path, capsys):
+    import yaml
+
+    from mutual_rl.cli import main
+
+    cfg = runner.run_config(runner.Job("graft_d05", 0), _settings(benchmark="v4"), tmp_path / "r", tmp_path)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", "--config", str(path), "--print_config"])
+    assert exc.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    task = printed["data"]["task"]  # the parsed ChainTask, printed by its fields
+    assert task["terms"] == 3 and task["max_value"] == 99 and "digits" not in task
+    assert printed["model"]["regime"]["init_args"]["delta"] == 0.5

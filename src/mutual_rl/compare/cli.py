@@ -17,7 +17,7 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser, DefaultHelpFormatter
 
-from mutual_rl.compare.labels import LABELS, check_configs, describe, resolve_config
+from mutual_rl.compare.labels import DEFAULT_LABELS, LABELS, check_configs, describe, resolve_config
 from mutual_rl.compare.settings import ConfigReader, Settings
 from mutual_rl.config_files import load_config
 
@@ -37,7 +37,7 @@ ones shipped in the package (mutual_rl/configs, the repository's configs/)."""
 def compare(name: str = "embedded", regimes: tuple[str, ...] | None = None, seeds: tuple[int, ...] = (0, 1, 2),
             steps: int = 300, val_every: int = 100, val_per_skill: int = 400, k: int = 8, last_k: int = 2,
             ckpt_every: int = 50, parallel: int = 2, threads: int = 1, results: str = "results",
-            warmstart_steps: int | None = None, smoke: bool = False, report_only: bool = False,
+            warmstart_steps: int | None = None, smoke: bool = False, benchmark: str = "v3", report_only: bool = False,
             from_summary: bool = False, list: bool = False, *, command: str = "mutual-rl compare",
             read_config: ConfigReader = load_config) -> None:
     """Compare sharing regimes under a matched setting (the GRAFT paper's comparison): runs, tables and figures.
@@ -61,6 +61,8 @@ def compare(name: str = "embedded", regimes: tuple[str, ...] | None = None, seed
         results: the results folder (relative: to the current directory)
         warmstart_steps: override both policies' supervised warm-up steps (calibration)
         smoke: 2 steps, 1 seed, tiny warm-up and evaluation
+        benchmark: v3 (2-digit arithmetic, the labels' configs as shipped) or v4 (worked solutions: configs/v4.yaml
+            merged over every label's config, as `mutual-rl fit --config <label config> --config configs/v4.yaml`)
         report_only: only the report: from the finished runs, or, when there are none, table.md and the figures
             from summary.json, compute.json and curves.json
         from_summary: only redraw the figures from summary.json (+ compute.json, curves.json); also --replot
@@ -74,10 +76,10 @@ def compare(name: str = "embedded", regimes: tuple[str, ...] | None = None, seed
         return
     from mutual_rl.compare import report, runner
 
-    s = Settings(name=name, regimes=[*(regimes or LABELS)], seeds=[*seeds], steps=steps, val_every=val_every,
+    s = Settings(name=name, regimes=[*(regimes or DEFAULT_LABELS)], seeds=[*seeds], steps=steps, val_every=val_every,
                  val_per_skill=val_per_skill, k=k, last_k=last_k, ckpt_every=ckpt_every, parallel=parallel,
                  threads=threads, results=Path(results), warmstart_steps=warmstart_steps, smoke=smoke,
-                 command=command, read_config=read_config)
+                 benchmark=benchmark, command=command, read_config=read_config)
     root, order = s.root, [*LABELS]
     if from_summary:
         report.replot(s, root, order)

@@ -32,6 +32,8 @@ class Label:
     """every policy's ``sampling.n`` (None: the config's; a larger rollout budget)"""
     stored: bool = False
     """GRAFT with stored peers: one receiver run per policy, replaying the seed's recorded run"""
+    regime_args: tuple[tuple[str, object], ...] = ()
+    """``model.regime.init_args`` set over the config's (e.g. ``(("delta", 0.5),)``: GRAFT at another δ)"""
 
 
 _TABLE = (
@@ -47,11 +49,19 @@ _TABLE = (
     Label("prp_snapshot", "prp.yaml", "PRP, learner-snapshot denominator", "#ff7f0e", "v"),
     Label("prp_aligned", "prp_aligned.yaml", "PRP, THL-aligned peer trace as denominator", "#8c564b", "<"),
     Label("sgt", "sgt.yaml", "SGT: NLL on one peer success per all-fail prompt", "#2ca02c", "D"),
+    Label("sgt_lam01", "sgt.yaml", "SGT at λ = 0.1 (the paper's value; λ per update)", "#74c476", "D", ":",
+          regime_args=(("coef", 0.1),)),
+    Label("sgt_lam03", "sgt.yaml", "SGT at λ = 0.3 (the tiny-scale calibration before λ per update)", "#006d2c",
+          "D", "-.", regime_args=(("coef", 0.3),)),
     Label("hacpo", "hacpo.yaml", "HACPO: capability-weighted pooled groups", "#d62728", ">"),
     Label("ftis", "ftis.yaml", "F-TIS: pooled peer samples, truncated IS, KL filter on negative advantages",
           "#e377c2", "P"),
     Label("graft", "graft.yaml", "GRAFT: peer mixed groups replace all-fail groups (co-trained, balanced)",
           "#9467bd", "*"),
+    Label("graft_d05", "graft.yaml", "GRAFT at δ = 0.5 (a gate that admits more: see the measured premises)",
+          "#6a3d9a", "*", "--", regime_args=(("delta", 0.5),)),
+    Label("graft_d03", "graft.yaml", "GRAFT at δ = 0.3 (a permissive gate)", "#cab2d6", "*", ":",
+          regime_args=(("delta", 0.3),)),
     Label("graft_no_peer_last", "graft_no_peer_last.yaml", "GRAFT ablation: no peer-last order",
           "#17becf", "X", ":"),
     Label("graft_no_compat", "graft_no_compat.yaml", "GRAFT ablation: no compatibility weight (w = 1)",
@@ -68,6 +78,13 @@ _TABLE = (
 
 #: label -> its record; the order is the tables' and figures' order
 LABELS: dict[str, Label] = {lab.name: lab for lab in _TABLE}
+#: labels run only when named in --regimes: GRAFT at other δ (chosen on benchmark v4), SGT at a fixed λ
+EXTRA_LABELS = ("graft_d05", "graft_d03", "sgt_lam01", "sgt_lam03")
+#: the labels a comparison runs when --regimes is not given
+DEFAULT_LABELS = tuple(lab for lab in LABELS if lab not in EXTRA_LABELS)
+
+#: benchmark -> the overlay merged over every label's config (None: the labels' configs as they are)
+BENCHMARKS: dict[str, str | None] = {"v3": None, "v4": "v4.yaml"}
 RECORDER = "grpo"
 """the label whose runs record the exchange traffic graft_stored replays"""
 DEFAULT_COLOR, DEFAULT_MARKER, DEFAULT_STYLE = "#17becf", "o", "-"  # a name that is no label (a real-pair run)
@@ -128,5 +145,6 @@ def marker(name: str) -> str:
 
 def describe(lab: Label) -> str:
     """One line of ``mutual-rl compare --list``."""
-    extra = (f", n = {lab.n}" if lab.n else "") + (", stored peers" if lab.stored else "")
+    extra = (f", n = {lab.n}" if lab.n else "") + (", stored peers" if lab.stored else "") + \
+        "".join(f", {k} = {v}" for k, v in lab.regime_args)
     return f"{lab.name:20s} configs/{lab.config}{extra}: {lab.what}"

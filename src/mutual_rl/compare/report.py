@@ -126,7 +126,7 @@ def table_head(s: Settings, s0, info) -> list[str]:
     budget = sorted({(i["batch"], n) for i in info.values() for n in i["n"].values()})
     return [
         f"# Regime comparison: {s.name}", "",
-        f"Commit `{commit()}`; command: `{s.command}`.", "",
+        f"Commit `{commit()}`; command: `{s.command}`; benchmark {getattr(s, 'benchmark', 'v3')}.", "",
         f"Held-out pass@1 (k = {s.k} samples at T = 0.6, top-p 0.95; {s.val_per_skill} prompts per skill), "
         f"the mean of the last {s.last_k} evaluations of each run, then mean ± std over seeds "
         f"{list(s.seeds)}; {s.steps} steps; prompts x rollouts per policy and step: "

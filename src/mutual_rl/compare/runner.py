@@ -25,7 +25,8 @@ from typing import NamedTuple
 
 import yaml
 
-from mutual_rl.compare.labels import LABELS, RECORDER, check_configs, config_path
+from mutual_rl.compare.labels import BENCHMARKS, LABELS, RECORDER, check_configs, config_path, configs_dir
+from mutual_rl.config_files import merge_config
 from mutual_rl.compare.settings import ConfigReader, Settings
 from mutual_rl.compare.step0 import print_step0_if_ready
 
@@ -98,6 +99,15 @@ def run_config(job: Job, s: Settings, run_dir: Path, root: Path) -> dict:
     spec = LABELS[job.label]
     check_configs([job.label])
     cfg = s.reader()(config_path(job.label))  # the same files, read as `mutual-rl fit --config` reads them
+    overlay = BENCHMARKS[s.benchmark]
+    if overlay is not None:  # as a second --config: mappings merge, lists (the policies) are replaced
+        extra = s.reader()(configs_dir() / overlay)
+        cfg = merge_config(cfg, extra)
+        if "task" in extra.get("data", {}):  # another task class: replaced whole, not merged field by field
+            cfg["data"]["task"] = extra["data"]["task"]
+    if spec.regime_args:
+        regime = cfg["model"]["regime"]
+        regime["init_args"] = {**regime.get("init_args", {}), **dict(spec.regime_args)}
     cfg["seed_everything"] = job.seed
     exchange: dict = {}
     if job.label == RECORDER:

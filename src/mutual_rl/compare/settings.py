@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mutual_rl.compare.labels import LABELS
+from mutual_rl.compare.labels import BENCHMARKS, DEFAULT_LABELS, LABELS
 from mutual_rl.config_files import load_config
 
 ConfigReader = Callable[[Path], dict]
@@ -19,7 +19,7 @@ class Settings:
     """One comparison: its name, labels, seeds and run budget, where its results go, and the command line."""
 
     name: str = "embedded"
-    regimes: list[str] = field(default_factory=lambda: list(LABELS))
+    regimes: list[str] = field(default_factory=lambda: list(DEFAULT_LABELS))
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     steps: int = 300
     val_every: int = 100
@@ -32,6 +32,8 @@ class Settings:
     results: Path = Path("results")
     warmstart_steps: int | None = None
     smoke: bool = False
+    benchmark: str = "v3"
+    """the benchmark (``labels.BENCHMARKS``): v3, the labels' configs as shipped; v4, configs/v4.yaml over each"""
     command: str = "mutual-rl compare"
     """the command line as typed (written into table.md)"""
     read_config: ConfigReader = load_config
@@ -42,6 +44,8 @@ class Settings:
         unknown = [lab for lab in self.regimes if lab not in LABELS]
         if unknown:
             raise SystemExit(f"[compare] unknown label(s) {', '.join(unknown)}; the labels: {', '.join(LABELS)}")
+        if self.benchmark not in BENCHMARKS:
+            raise SystemExit(f"[compare] unknown benchmark {self.benchmark!r}; the benchmarks: {', '.join(BENCHMARKS)}")
         self.seeds = [int(s) for s in self.seeds]
         self.results = Path(self.results)
         if self.smoke:  # 2 steps, 1 seed, tiny warm-up and evaluation
