@@ -22,6 +22,21 @@ What it does, in order, and prints:
 4. **throughput**: ``--pairs`` interleaved pairs (alternating order) of ``engine.generate`` on the same problems
    with vLLM and with ``HFRolloutEngine``; tokens/s of each pair and the median ratio vLLM/HF.
 
+``--hf-samplers T [T ...]`` runs none of that (no vLLM needed): the HF engine's two samplers side by side,
+``HFRolloutEngine(sampler="static")`` (``rollout/static_decode.py``) vs ``sampler="generate"``, for each ``T`` new
+tokens (``--full-length``: EOS suppressed until ``T``, as ``scripts/bench_step.py --min-new-tokens``), on
+``--model`` / ``--config`` or the scaled GPT-2 of ``scripts/bench_step.py`` (``--width/--layers``, warm-started and
+cached there): ``--warmup`` + ``--pairs`` interleaved pairs (alternating order), both of a pair from the same seed --
+the same tokens, so the same token count --, tokens/s of ``engine.generate`` (records included) and the median
+and quartiles of the per-pair ratios static/generate::
+
+    OMP_NUM_THREADS=1 python scripts/bench_engines.py --threads 1 --model tiny:gpt2-bpe --prompts 8 --n 8 \
+        --hf-samplers 32 128 --full-length --pairs 9
+    OMP_NUM_THREADS=1 python scripts/bench_engines.py --threads 1 --width 256 --layers 4 --prompts 8 --n 8 \
+        --hf-samplers 32 128 --full-length
+    OMP_NUM_THREADS=1 python scripts/bench_engines.py --threads 1 --config configs/real/base.yaml --policy smollm2 \
+        --prompts 8 --n 4 --hf-samplers 64 --full-length --pairs 5 --warmup 1
+
 ``--check`` (what ``scripts/gpu_check.sh`` uses) exits with an error unless the sampled log-probs match the
 trainer's (1e-3 nats in float32, 0.5 in half precision) and the stale engine was caught.
 
@@ -86,6 +101,65 @@ def _sampled_gap(policy, groups, temperature: float) -> float:
     return worst
 
 
+def _wide_policy(args):
+    """The scaled GPT-2 of scripts/bench_step.py (its load_model: warm-started 600 steps, cached) as a Policy."""
+    import sys
+    from pathlib import Path
+
+    from mutual_rl.data.task import ArithmeticTask
+    from mutual_rl.model.policy import Policy
+    from mutual_rl.model.spec import PolicySpec, SamplingSpec, WarmStart
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_step import load_model
+
+    task = ArithmeticTask()
+    spec = PolicySpec(name="p", model="tiny:gpt2-bpe", warmstart=WarmStart(steps=600),
+                      sampling=SamplingSpec(n=args.n, max_new_tokens=args.max_new_tokens))
+    ns = argparse.Namespace(workload="tiny", width=args.width, layers=args.layers, warmstart_steps=600, seed=0)
+    model, tok = load_model(ns, spec, task)
+    return Policy(spec, model, tok), task
+
+
+def hf_samplers(args) -> dict:
+    """``--hf-samplers``: the static-cache sampler vs ``generate`` (module docstring); returns the figures."""
+    import dataclasses
+
+    from mutual_rl.rollout import HFRolloutEngine
+
+    policy, task = _wide_policy(args) if args.width else _policy(args)
+    problems = task.train_problems()[: args.prompts]
+    n_params = sum(p.numel() for p in policy.model.parameters())
+    print(f"{policy.spec.model if not args.width else f'GPT-2 w{args.width} l{args.layers}'}: "
+          f"{n_params / 1e6:.2f} M params; {args.prompts} prompts x {args.n}; threads {torch.get_num_threads()}")
+    engines = {name: HFRolloutEngine(sampler=name) for name in ("static", "generate")}
+    out = {"model": policy.spec.model, "width": args.width, "params": n_params, "workloads": []}
+    for tokens in args.hf_samplers:
+        sampling = dataclasses.replace(policy.spec.sampling, n=args.n, max_new_tokens=tokens)
+        for engine in engines.values():
+            engine.benchmark_min_new_tokens = tokens if args.full_length else 0
+        rates: dict[str, list[float]] = {name: [] for name in engines}
+        for pair in range(args.warmup + args.pairs):
+            for name in (list(engines) if pair % 2 == 0 else list(engines)[::-1]):
+                torch.manual_seed(pair)  # both samplers draw the same tokens from the same seed
+                t0 = time.perf_counter()
+                groups = engines[name].generate(policy, problems, sampling, step=pair)
+                rate = sum(len(r.response_ids) for g in groups for r in g) / (time.perf_counter() - t0)
+                if pair >= args.warmup:
+                    rates[name].append(rate)
+        ratios = sorted(s / g for s, g in zip(rates["static"], rates["generate"]))
+        q = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+        row = {"max_new_tokens": tokens, "static_tok_s": statistics.median(rates["static"]),
+               "generate_tok_s": statistics.median(rates["generate"]), "ratio_median": statistics.median(ratios),
+               "ratio_p25": q[0], "ratio_p75": q[-1], "ratios": ratios, "rates": rates}
+        out["workloads"].append(row)
+        print(f"  {tokens:4d} new tokens: static {row['static_tok_s']:.0f} tok/s, generate "
+              f"{row['generate_tok_s']:.0f} tok/s; static/generate median of {len(ratios)} pairs "
+              f"{row['ratio_median']:.3f} [p25 {q[0]:.3f}, p75 {q[-1]:.3f}; min {ratios[0]:.3f}, max "
+              f"{ratios[-1]:.3f}]", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny:gpt2-bpe")
@@ -106,9 +180,21 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="fail unless the sampled log-probs match the trainer's "
                     "(1e-3 nats in float32, 0.5 in half precision) and the stale engine was caught")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--hf-samplers", type=int, nargs="+", metavar="T", default=None,
+                    help="only the HF engine's static sampler vs generate, at each T new tokens (no vLLM)")
+    ap.add_argument("--full-length", action="store_true", help="--hf-samplers: suppress EOS until T tokens")
+    ap.add_argument("--warmup", type=int, default=2, help="--hf-samplers: discarded pairs first")
+    ap.add_argument("--width", type=int, default=0, help="--hf-samplers: bench_step.py's GPT-2 of this width")
+    ap.add_argument("--layers", type=int, default=4, help="--hf-samplers: ... and depth")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.hf_samplers:
+        out = hf_samplers(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return
     from mutual_rl.rollout import HFRolloutEngine, VLLMRolloutEngine
     from mutual_rl.rollout.vllm import WeightSyncError
     from mutual_rl.stats import flatten

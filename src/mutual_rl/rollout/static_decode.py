@@ -17,16 +17,26 @@ nothing else:
    so the global generator advances exactly as in ``generate`` (finished rows included); the token's log-prob
    under ``log_softmax(scores)`` (the engine's ``SampledLogProbs`` records the same); finished rows get
    ``pad_token_id``; a row finishes at its first EOS; the loop ends after ``T`` tokens or when every row has
-   finished. The next step feeds the ``B`` sampled tokens at the next position with the mask grown by ones.
+   finished. The next step feeds the sampled tokens at the next position with the mask grown by ones.
 
-What differs from ``generate`` is how, not what: the key/value cache of every layer is one buffer of
-``[B, H, W + T, D]`` per keys and values, allocated at the first write, into which each step's keys and values are
-copied and whose filled prefix is handed to attention as a view (:class:`PreallocatedLayer`; ``generate``'s
-``DynamicCache`` concatenates, copying the whole cache at every step of every layer); and the loop runs none of
-``generate``'s per-step machinery (input preparation, logits-processor and stopping-criteria lists, streamer,
-argument re-validation). Attention over a view of a longer buffer can round differently from attention over a
-contiguous cache, so logits agree with ``generate``'s to float rounding (ids identical in the tests, log-probs
-within 1e-6).
+What differs from ``generate`` is how, not what:
+
+- the key/value cache of every layer is one buffer of ``[B, H, W + T, D]`` per keys and values, allocated at the
+  first write, into which each step's keys and values are copied and whose filled prefix is handed to attention
+  as a view (:class:`PreallocatedLayer`; ``generate``'s ``DynamicCache`` concatenates, copying the whole cache at
+  every step of every layer);
+- finished rows leave the batch: once at least an eighth of the rows still run (and at least one) have finished,
+  the rest are moved to the front of the buffers (mask and positions alike) and only they run from then on, where
+  ``generate`` runs every row to the end on padding. The draw still covers all ``B`` rows -- a dropped row's
+  probabilities are a constant dummy whose token is discarded -- because the generator's consumption depends only
+  on the shape of the tensor ``torch.multinomial`` draws from;
+- none of ``generate``'s per-step machinery runs (input preparation, logits-processor and stopping-criteria lists,
+  streamer, argument re-validation).
+
+A row's logits computed over a view of a longer buffer, or in a smaller batch, can round differently from
+``generate``'s (a matrix product's rounding may depend on its row count), so log-probs agree with ``generate``'s
+to float rounding (within 2e-6 in the tests) and the token ids are the same unless a draw falls within that
+rounding of a boundary between two tokens (never in the tests).
 
 Runs eagerly. ``torch.compile`` of the decode step is not offered: on the CPU the step's cost is the model's
 matrix products and the ``[B, V]`` sampling, which compiling does not shrink, and compiling takes longer than the
@@ -92,6 +102,15 @@ class PreallocatedLayer(DynamicLayer):
         self.keys, self.values = self._key_buf[:, :, :end], self._value_buf[:, :, :end]
         return self.keys, self.values
 
+    def keep_rows(self, keep: torch.Tensor) -> None:
+        """Only the batch rows ``keep`` stay: copied to the buffers' first ``len(keep)`` rows, which become the
+        buffers (the memory is not released)."""
+        n, length = len(keep), self.keys.shape[-2]
+        self._key_buf[:n, :, :length] = self._key_buf[keep, :, :length]
+        self._value_buf[:n, :, :length] = self._value_buf[keep, :, :length]
+        self._key_buf, self._value_buf = self._key_buf[:n], self._value_buf[:n]
+        self.keys, self.values = self._key_buf[:, :, :length], self._value_buf[:, :, :length]
+
 
 def preallocated_cache(model, capacity: int) -> Cache | None:
     """A cache of :class:`PreallocatedLayer` of ``capacity`` positions, one per layer of ``model`` (a Hugging Face
@@ -143,25 +162,42 @@ def static_sample(model, ids: torch.Tensor, attn: torch.Tensor, s: SamplingSpec,
 
 
 def _decode(model, logits, cache, mask, last_pos, width, s: SamplingSpec, eos: int, pad: int, min_new: int):
-    """The sampling loop of :func:`static_sample` from the prompt's last logits ``[B, V]`` (module docstring, 2)."""
+    """The sampling loop of :func:`static_sample` from the prompt's last logits ``[B, V]`` (module docstring, 2).
+    ``rows``: the rows of the batch still run through the model (finished ones are dropped, :func:`_keep_rows`)."""
     b, steps = logits.shape[0], s.max_new_tokens
     warpers = sampling_warpers(s.temperature, s.top_k, s.top_p)
     tokens = torch.full((b, steps), pad, dtype=torch.long, device=logits.device)
     logp = torch.zeros((b, steps), dtype=torch.float32, device=logits.device)
-    unfinished = torch.ones(b, dtype=torch.bool, device=logits.device)
+    rows = torch.arange(b, device=logits.device)
+    running = torch.ones(b, dtype=torch.bool, device=logits.device)  # per row of ``rows``: not finished yet
     for t in range(steps):
         if t < min_new:
             logits[:, eos] = float("-inf")
         scores = warpers(None, logits)
-        token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)  # [B, 1]
-        logp[:, t] = torch.log_softmax(scores, dim=-1).gather(-1, token).squeeze(-1)
-        token = token.squeeze(-1).masked_fill(~unfinished, pad)
-        tokens[:, t] = token
-        unfinished &= token != eos
-        if t + 1 == steps or not bool(unfinished.any()):
+        probs = torch.softmax(scores, dim=-1)
+        if len(rows) < b:  # dropped rows draw from a dummy distribution, so the generator advances as for B rows
+            probs = probs.new_ones((b, probs.shape[1])).index_copy_(0, rows, probs)
+        token = torch.multinomial(probs, num_samples=1)[rows]  # [rows, 1]
+        logp[rows, t] = torch.log_softmax(scores, dim=-1).gather(-1, token).squeeze(-1)
+        token = token.squeeze(-1).masked_fill(~running, pad)
+        tokens[rows, t] = token
+        running &= token != eos
+        done = len(rows) - int(running.sum())
+        if t + 1 == steps or done == len(rows):
             return tokens[:, : t + 1], logp[:, : t + 1]
+        if done and done >= len(rows) // 8:  # drop the finished rows from the batch
+            keep = running.nonzero().squeeze(-1)
+            _keep_rows(cache, keep)
+            rows, token, last_pos, running = rows[keep], token[keep], last_pos[keep], running[keep]
+            mask = None if mask is None else mask[keep]
         out = model(input_ids=token[:, None], attention_mask=None if mask is None else mask[:, : width + t + 1],
                     position_ids=last_pos + (t + 1), past_key_values=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
         del out
     return tokens, logp
+
+
+def _keep_rows(cache: Cache, keep: torch.Tensor) -> None:
+    """Only the batch rows ``keep`` (ascending) stay in every layer of ``cache``, moved to its first rows in place."""
+    for layer in cache.layers:
+        layer.keep_rows(keep)
