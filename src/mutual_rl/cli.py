@@ -11,7 +11,8 @@ Beyond Lightning's CLI:
   run's checkpoint folders (:func:`~mutual_rl.callbacks.checkpointing.find_last_checkpoint`); with none, a printed
   warning and a start from scratch, as Lightning does (``--resume_required true``: an error naming where it looked);
 * a checkpoint's ``hyper_parameters`` are never merged into the configuration (Lightning would): a printed note;
-* a rich progress bar by default.
+* a progress bar of steps by default (:class:`~mutual_rl.callbacks.progress.StepProgressBar`: step / max_steps,
+  s/step, ETA, each policy's reward).
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ class MutualRLCLI(LightningCLI):
             return
         callbacks = list(trainer.get("callbacks") or [])
         if not any("ProgressBar" in str(getattr(c, "class_path", c)) for c in callbacks):
-            callbacks.append(Namespace(class_path="lightning.pytorch.callbacks.RichProgressBar", init_args=Namespace()))
+            callbacks.append(Namespace(class_path="mutual_rl.callbacks.progress.StepProgressBar", init_args=Namespace()))
             trainer.callbacks = callbacks
 
     def _run_subcommand(self, subcommand: str) -> None:
