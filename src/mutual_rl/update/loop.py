@@ -4,12 +4,23 @@ Per mini-batch: one optimizer step. Loss normalisers are those of the whole mini
 ``num_seqs``), so splitting a mini-batch into micro-batches changes no gradient, and micro-batch losses are
 summed, never divided again by the number of accumulation steps (docs/methods.md §1).
 
+Micro-batches are packed to a token budget (``algorithm.max_tokens_per_micro_batch``, auto by default: the memory
+plan's on CUDA, ``update/packing.py``'s default elsewhere), and ``micro_batch_size`` rows when that is set: the
+old-log-prob recompute, the update's forward/backward with its KL reference, and the NLL term all run in such
+micro-batches, each on its own width (columns that are padding in all its rows cut away). Same log-probs and
+gradients as one forward over all rows up to float rounding (within 1e-6 + 1e-6·|value| in float32,
+tests/update/test_packing.py).
+
 Efficiency that changes no gradient (docs/methods.md §1, "Skipping zero-advantage rows"): with no KL term, rows
 whose advantage is 0 (all-fail and all-pass groups) contribute nothing to the gradient, so their forward/backward
 is skipped while their tokens still count in the token-mean denominator. A mini-batch with no active row still
 takes its optimizer step with zero gradients (AdamW's moments and weight decay move exactly as without the skip).
 A regime's NLL term (SGT) acts on its own rows (``TrainingPlan.nll``), never on the skipped ones, so the skip
 stays exact with it.
+
+Rollout correction (``algorithm.rollout_correction``, ``algorithms/rollout_correction.py``): where the recompute
+replaces an engine's trace, the mismatch is measured (``UpdateStats.rollout``) and, under ``tis`` / ``mis``, each
+token's behaviour term is weighted by ``min(π_trainer/π_engine, cap)`` or masked past the cap.
 
 Objectives come from the ``update.objectives`` registry (``dapo`` by default; regimes may register their own,
 e.g. HACPO's sequence-level objective); the NLL term of mini-batch ``i`` is added before its optimizer step.
@@ -23,13 +34,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mutual_rl.algorithms import masked_mean, zero_advantage_skip_mask
-from mutual_rl.stats import ObjectiveStats, TokenStats, UpdateStats, as_float
+from mutual_rl.algorithms import masked_mean, policy_loss, zero_advantage_skip_mask
+from mutual_rl.algorithms.rollout_correction import behaviour_weighted, correction_weights
+from mutual_rl.stats import ObjectiveStats, UpdateStats
 from mutual_rl.strategies import clip_grad_norm_
 from mutual_rl.types import NLLTerm, PolicyBatch, TrainingPlan
+from mutual_rl.update.accumulate import _MiniBatchResult
 from mutual_rl.update.config import GRPOConfig
 from mutual_rl.update.lockstep import in_lockstep, max_over_ranks, padded, sum_over_ranks, world_size
 from mutual_rl.update.objectives import get_objective
+from mutual_rl.update.packing import lengths, narrow, pack, token_budget, widen
+
+_UNBOUNDED = 1 << 62  # no token bound (a budget of 0)
 
 
 class NonFiniteUpdateError(FloatingPointError):
@@ -48,24 +64,22 @@ _CAUSE_LR = ("the learning rate is too high for this model (weights or logits ov
              "update already diverged")
 
 
-def chunks(rows: list[int], size: int) -> list[list[int]]:
-    if size <= 0 or size >= len(rows):
-        return [rows] if rows else []
-    return [rows[i : i + size] for i in range(0, len(rows), size)]
-
-
 @torch.no_grad()
-def recompute_old_logp(policy, batch: PolicyBatch, rows: list[int], temperature: float, micro: int) -> None:
+def recompute_old_logp(policy, batch: PolicyBatch, rows: list[int], temperature: float, micro: int,
+                       budget: int | None = None) -> None:
     """Overwrite ``batch.old_logp`` of ``rows`` with the current policy's log-probs (before the update); ``batch``
-    on the policy's device."""
-    parts = padded(policy, chunks(rows, micro))  # under FSDP: every rank runs the busiest rank's count of forwards
+    on the policy's device. Forwards of at most ``budget`` token positions and ``micro`` rows (``update/packing.py``;
+    ``None`` / 0: no bound), each on its own width."""
+    prompt, response = lengths(batch)
+    packed = pack(rows, prompt, response, budget or _UNBOUNDED, micro) if rows else []
+    parts = padded(policy, packed)  # under FSDP: every rank runs the busiest rank's count of forwards
     for part in parts:
         if part is None:  # lockstep dummy
             policy.dummy_logp(temperature)
             continue
-        sub = batch.select(part)
-        logp, _ = policy.response_logp(sub.input_ids, sub.attention_mask, batch.response_width, temperature)
-        batch.old_logp[part] = logp.float() * sub.response_mask
+        sub = narrow(batch.select(part))
+        logp, _ = policy.response_logp(sub.input_ids, sub.attention_mask, sub.response_width, temperature)
+        batch.old_logp[part] = widen(logp.float() * sub.response_mask, batch.response_width)
 
 
 def nll_loss(policy, nll: NLLTerm, rows: list[int], temperature: float,
@@ -73,8 +87,8 @@ def nll_loss(policy, nll: NLLTerm, rows: list[int], temperature: float,
     """``coef · sum_rows[token-mean NLL] / num_rows`` of ``rows`` of the NLL batch (on the policy's device;
     ``num_rows``: the mini-batch's NLL row count, global under FSDP lockstep, so the term is ``coef ·`` the mean
     NLL of the mini-batch's rows; ``None``: ``len(rows)``), and the unscaled local mean NLL."""
-    sub = nll.batch.select(rows)
-    logp, _ = policy.response_logp(sub.input_ids, sub.attention_mask, nll.batch.response_width, temperature)
+    sub = narrow(nll.batch.select(rows))
+    logp, _ = policy.response_logp(sub.input_ids, sub.attention_mask, sub.response_width, temperature)
     per_seq = -(logp * sub.response_mask).sum(-1) / sub.response_mask.sum(-1).clamp(min=1)
     total = per_seq.sum() / (num_rows if num_rows is not None else len(rows))
     return nll.coef * total, float(per_seq.detach().mean())
@@ -94,12 +108,16 @@ class _MiniBatch:
     scale: float = 1.0  # loss multiplier: the world size under lockstep (FSDP averages gradients over ranks)
     num_parts: int = 0  # forwards to run (>= len(parts) under lockstep; the rest are dummies)
     nll_pass: bool = False  # whether an NLL forward/backward runs (a dummy one if nll_rows is empty)
+    nll_parts: list[list[int]] = field(default_factory=list)  # NLL rows per forward (packed to the budget)
+    num_nll_parts: int = 0  # NLL forwards to run (>= len(nll_parts) under lockstep; the rest are dummies)
 
 
 def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: bool,
-                  max_len: int) -> list[_MiniBatch]:
+                  max_len: int, budget: int = 0) -> list[_MiniBatch]:
     """Per mini-batch: its active parts and loss normalisers (``max_len``: the constant of
     ``seq-mean-token-sum-norm``, the policy's configured maximum response length, the same for every mini-batch).
+    The active rows and the NLL rows are packed into forwards of at most ``budget`` token positions and ``micro``
+    rows (``update/packing.py``; 0: no bound).
 
     In one process the normalisers are the mini-batch's own (docs/methods.md §1), the NLL term's too
     (``nll_num_rows``: its rows in this mini-batch, so the update adds ``coef ·`` their mean NLL, as SGT's
@@ -113,16 +131,21 @@ def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: 
     batch = plan.batch
     nll_mbs = plan.nll.mini_batches if plan.nll is not None else []
     skipped = skip.tolist()  # one device read, not one per row
+    prompt, response = lengths(batch)
+    nll_prompt, nll_response = lengths(plan.nll.batch) if plan.nll is not None else ([], [])
+    budget = budget or _UNBOUNDED
     out = []
     for i, rows in enumerate(plan.mini_batches):
         mask = batch.response_mask[rows] if rows else batch.response_mask[:0]
         active = [j for j, r in enumerate(rows) if not skipped[r]]  # positions in the mini-batch
+        nll_rows = list(nll_mbs[i]) if i < len(nll_mbs) else []
         out.append(_MiniBatch(
-            rows=list(rows), parts=chunks(active, micro), nll_rows=list(nll_mbs[i]) if i < len(nll_mbs) else [],
+            rows=list(rows), parts=pack(active, [prompt[r] for r in rows], [response[r] for r in rows], budget, micro),
+            nll_rows=nll_rows, nll_parts=pack(nll_rows, nll_prompt, nll_response, budget, micro),
             token_count=mask.sum(), num_seqs=int((mask.sum(-1) > 0).sum()), max_len=max_len,
         ))
     for mb in out:
-        mb.num_parts, mb.nll_pass = len(mb.parts), bool(mb.nll_rows)
+        mb.num_parts, mb.num_nll_parts, mb.nll_pass = len(mb.parts), len(mb.nll_parts), bool(mb.nll_rows)
         mb.nll_num_rows = float(len(mb.nll_rows))
     if not lockstep:
         return out
@@ -130,11 +153,12 @@ def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: 
     m = max_over_ranks([len(out)])[0]
     out += [_MiniBatch(rows=[], parts=[], nll_rows=[], token_count=0.0, num_seqs=0, max_len=max_len)
             for _ in range(m - len(out))]
-    maxes = max_over_ranks([mb.num_parts for mb in out] + [int(mb.nll_pass) for mb in out])
+    maxes = max_over_ranks([mb.num_parts for mb in out] + [mb.num_nll_parts for mb in out])
     sums = sum_over_ranks([float(mb.token_count) for mb in out] + [mb.num_seqs for mb in out]
                      + [len(mb.nll_rows) for mb in out])
     for i, mb in enumerate(out):
-        mb.num_parts, mb.nll_pass = maxes[i], bool(maxes[m + i])
+        mb.num_parts, mb.num_nll_parts = maxes[i], maxes[m + i]
+        mb.nll_pass = bool(mb.num_nll_parts)
         mb.token_count = torch.tensor(sums[i])
         mb.num_seqs = sums[m + i]
         mb.nll_num_rows = float(sums[2 * m + i])  # mini-batch i's NLL rows on every rank
@@ -181,8 +205,10 @@ def update_policy(
         else torch.zeros_like(batch.advantages, dtype=torch.bool)
     need = batch.needs_old_logp | ((cfg.old_logp == "recompute") & ~batch.is_peer)
     rows = [i for i, (n, s) in enumerate(zip(need.tolist(), skip.tolist())) if n and not s]  # one read of each mask
-    recompute_old_logp(policy, batch, rows, temperature, cfg.micro_batch_size)
-    mini_batches = _mini_batches(plan, skip, cfg.micro_batch_size, lockstep, int(policy.spec.sampling.max_new_tokens))
+    budget = token_budget(policy, cfg.max_tokens_per_micro_batch)
+    weights, mismatch = _recompute_and_measure(policy, batch, rows, temperature, cfg, budget)
+    mini_batches = _mini_batches(plan, skip, cfg.micro_batch_size, lockstep, int(policy.spec.sampling.max_new_tokens),
+                                 budget)
     total = _MiniBatchResult()
     steps_metrics = {"grad_norm": 0.0, "loss": 0.0, "nll": 0.0}
     n_steps, n_skipped, n_updates = 0, 0, 0
@@ -190,7 +216,7 @@ def update_policy(
         for mbi in mini_batches:
             zero_grad()
             res = _forward_backward(policy, plan, mbi, objective, cfg, backward,
-                                    {"update_index": n_updates} if takes_index else {})
+                                    {"update_index": n_updates} if takes_index else {}, weights)
             for p in params:  # a skipped mini-batch still steps, with zero gradients
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
@@ -213,7 +239,8 @@ def update_policy(
     return UpdateStats(
         trained_tokens=total.tokens, skipped_frac=float(skip.float().mean()) if len(batch) else 0.0,
         loss=per_step["loss"], grad_norm=per_step["grad_norm"], nll=per_step["nll"] if plan.nll is not None else None,
-        nonfinite_skipped=float(n_skipped) if cfg.on_nonfinite == "skip" else None, tokens=total.stats())
+        nonfinite_skipped=float(n_skipped) if cfg.on_nonfinite == "skip" else None, tokens=total.stats(),
+        rollout=mismatch)
 
 
 def _on_device(plan: TrainingPlan, device: torch.device) -> TrainingPlan:
@@ -240,61 +267,44 @@ def _refuse_nonfinite_advantages(policy, plan: TrainingPlan, cfg: GRPOConfig, lo
                        nonfinite_skipped=float(cfg.ppo_epochs * len(plan.mini_batches)))
 
 
-_PARTS = ("rows", "own", "peer")
-_TOKEN_FIELDS = tuple(f.name for f in dataclasses.fields(TokenStats) if f.name != "num_tokens")
+def _recompute_and_measure(policy, batch: PolicyBatch, rows: list[int], temperature: float, cfg: GRPOConfig,
+                           budget: int):
+    """Recompute the old log-probs of ``rows`` (:func:`recompute_old_logp`); where they replace an engine's trace
+    (own rows under ``old_logp: recompute``), the rollout correction's weights ``[B, T]`` (``None`` for ``none``)
+    and the mismatch (``algorithms/rollout_correction.py``; local to this rank under FSDP)."""
+    engine_logp = batch.old_logp.clone() if cfg.old_logp == "recompute" else None
+    recompute_old_logp(policy, batch, rows, temperature, cfg.micro_batch_size, budget)
+    if engine_logp is None or not rows:
+        return None, None
+    measured = torch.zeros(len(batch), dtype=torch.bool, device=batch.old_logp.device)
+    measured[rows] = True
+    mask = batch.response_mask * (measured & ~batch.is_peer).unsqueeze(-1)
+    weights, mismatch = correction_weights(batch.old_logp, engine_logp, mask, cfg.rollout_correction,
+                                           cfg.rollout_correction_cap)
+    return (None if cfg.rollout_correction == "none" else weights), mismatch
 
 
-@dataclass
-class _MiniBatchResult:
-    """Forward/backward passes: token-weighted sums of the objective's statistics per (row set, statistic), loss,
-    NLL, tokens, and whether everything was finite."""
-
-    sums: dict[tuple[str, str], float] = field(default_factory=dict)
-    weights: dict[tuple[str, str], float] = field(default_factory=dict)
-    loss: float = 0.0
-    nll: float = 0.0
-    tokens: float = 0.0
-    finite: bool = True
-
-    def add(self, key: tuple[str, str], value: float, weight: float) -> None:
-        self.sums[key] = self.sums.get(key, 0.0) + value * weight
-        self.weights[key] = self.weights.get(key, 0.0) + weight
-
-    def add_stats(self, stats: ObjectiveStats, num_tokens: float) -> None:
-        """One micro-batch's statistics: all rows weighted by its ``num_tokens``, own and peer rows by theirs."""
-        for part in _PARTS:
-            values = getattr(stats, part)
-            if values is None:
-                continue
-            weight = num_tokens if part == "rows" else as_float(values.num_tokens)
-            for name in _TOKEN_FIELDS:
-                v = getattr(values, name)
-                if v is not None:
-                    self.add((part, name), as_float(v), weight)
-
-    def absorb(self, other: _MiniBatchResult) -> None:
-        """Add a mini-batch whose optimizer step was taken (its per-token means, weighted by its tokens)."""
-        for key in other.sums:
-            w = other.weights[key]
-            self.add(key, other.sums[key] / w if w else 0.0, w)
-        self.tokens += other.tokens
-
-    def stats(self) -> ObjectiveStats | None:
-        """The token-weighted means (``None`` when no token was trained; a row set without tokens is ``None``)."""
-        parts: dict[str, dict[str, float]] = {}
-        for (part, name), total in self.sums.items():
-            if self.weights[(part, name)] > 0:
-                parts.setdefault(part, {})[name] = total / self.weights[(part, name)]
-        if not parts:
-            return None
-        return ObjectiveStats(rows=TokenStats(**parts.get("rows", {})),
-                              own=TokenStats(**parts["own"]) if "own" in parts else None,
-                              peer=TokenStats(**parts["peer"]) if "peer" in parts else None)
+def _weighted_objective(objective, logp, sub, ref, w, mbi: _MiniBatch, cfg: GRPOConfig, kwargs: dict):
+    """The objective with the rollout correction's weights ``w`` on the behaviour term only: the objective sees
+    ``logp`` with each token's gradient scaled by ``w``; a KL term's gradient is restored by a zero-valued term
+    (``policy_loss`` with zero advantages: the KL alone, over the same normalisers, with the ``1 − w`` share)."""
+    if w is None:
+        return objective(logp, sub, ref_logp=ref, **kwargs)
+    loss, stats = objective(behaviour_weighted(logp, w), sub, ref_logp=ref, **kwargs)
+    if cfg.kl_coef:
+        restore, _ = policy_loss(
+            behaviour_weighted(logp, 1 - w), sub.old_logp, torch.zeros_like(sub.advantages), sub.response_mask,
+            clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.agg, weights=sub.weights, max_len=mbi.max_len,
+            token_count=mbi.token_count, num_seqs=mbi.num_seqs, ref_logp=ref, kl_coef=cfg.kl_coef, kl_kind=cfg.kl_kind)
+        loss = loss + (restore - restore.detach())
+    return loss, stats
 
 
 def _forward_backward(policy, plan: TrainingPlan, mbi: _MiniBatch, objective, cfg: GRPOConfig,
-                      backward: Callable[[torch.Tensor], None], extra_kw: dict) -> _MiniBatchResult:
-    """Every forward/backward of one mini-batch (its parts, lockstep dummies, then the NLL term)."""
+                      backward: Callable[[torch.Tensor], None], extra_kw: dict,
+                      weights: torch.Tensor | None = None) -> _MiniBatchResult:
+    """Every forward/backward of one mini-batch (its parts, lockstep dummies, then the NLL term); ``weights``: the
+    rollout correction's per-token weights of the plan's batch."""
     temperature = policy.spec.sampling.temperature
     mb = plan.batch.select(mbi.rows) if mbi.rows else None
     res = _MiniBatchResult()
@@ -307,16 +317,18 @@ def _forward_backward(policy, plan: TrainingPlan, mbi: _MiniBatch, objective, cf
                     policy.dummy_logp(temperature, reference=True)
             backward(policy.dummy_logp(temperature).sum() * 0.0)
             continue
-        sub = mb.select(mbi.parts[k])
+        sub = narrow(mb.select(mbi.parts[k]))  # on its own width (update/packing.py)
         ref = None
         if cfg.kl_coef:
             with torch.no_grad():
-                ref, _ = policy.response_logp(sub.input_ids, sub.attention_mask, mb.response_width, temperature,
+                ref, _ = policy.response_logp(sub.input_ids, sub.attention_mask, sub.response_width, temperature,
                                               reference=True)
-        logp, entropy = policy.response_logp(sub.input_ids, sub.attention_mask, mb.response_width, temperature,
+        logp, entropy = policy.response_logp(sub.input_ids, sub.attention_mask, sub.response_width, temperature,
                                              with_entropy=True)
-        loss, stats = objective(logp, sub, **cfg.loss_kwargs(), token_count=mbi.token_count, num_seqs=mbi.num_seqs,
-                                max_len=mbi.max_len, ref_logp=ref, **extra_kw, **plan.objective_kwargs)
+        w = None if weights is None else weights[[mbi.rows[j] for j in mbi.parts[k]]][:, :sub.response_width]
+        loss, stats = _weighted_objective(objective, logp, sub, ref, w, mbi, cfg, {
+            **cfg.loss_kwargs(), "token_count": mbi.token_count, "num_seqs": mbi.num_seqs, "max_len": mbi.max_len,
+            **extra_kw, **plan.objective_kwargs})
         loss = loss * mbi.scale
         res.finite &= bool(torch.isfinite(loss.detach()))
         backward(loss)
@@ -327,14 +339,15 @@ def _forward_backward(policy, plan: TrainingPlan, mbi: _MiniBatch, objective, cf
         res.add_stats(stats, n_tok)
         res.add(("rows", "entropy"), float(masked_mean(entropy, sub.response_mask)), n_tok)
         res.loss += float(loss.detach())
-    if mbi.nll_pass:
-        if mbi.nll_rows:
-            extra, mean_nll = nll_loss(policy, plan.nll, mbi.nll_rows, temperature, mbi.nll_num_rows)
+    for k in range(mbi.num_nll_parts):
+        if k < len(mbi.nll_parts):
+            part = mbi.nll_parts[k]
+            extra, mean_nll = nll_loss(policy, plan.nll, part, temperature, mbi.nll_num_rows)
             extra = extra * mbi.scale
             res.finite &= bool(torch.isfinite(extra.detach()))
-            res.nll += mean_nll
+            res.nll += mean_nll * len(part) / len(mbi.nll_rows)  # the mean over the mini-batch's NLL rows
             res.loss += float(extra.detach())
-        else:  # lockstep dummy (another rank has NLL rows in this mini-batch)
+        else:  # lockstep dummy (another rank has more NLL forwards in this mini-batch)
             extra = policy.dummy_logp(temperature).sum() * 0.0
         backward(extra)
     return res
