@@ -221,6 +221,8 @@ class UpdateStats:
     """Learning rate of this step (set by the step)."""
     train_s: float | None = None
     """Seconds of the update (set by the step)."""
+    rollout: Any = field(default=None, metadata=prefixed("rollout/"))
+    """The engine-vs-trainer mismatch (``algorithms.rollout_correction.RolloutMismatch``; ``None``: not measured)."""
 
     derived = ("train_tokens_per_s",)
 

@@ -37,6 +37,13 @@ class GRPOConfig:
     auto: the memory plan's per-policy budget on CUDA (mutual_rl/memory/plan.py), 16384 elsewhere."""
     old_logp: Literal["recompute", "rollout"] = "recompute"
     """Behaviour log-probs: recompute (trainer forward before the update) | rollout (the sampler's trace)."""
+    rollout_correction: Literal["none", "tis", "mis"] = "none"
+    """Weigh the engine's samples back to the trainer's distribution, token by token, with w = π_trainer/π_engine
+    (algorithms/rollout_correction.py): none | tis (the behaviour term times min(w, cap)) | mis (tokens with
+    w > cap masked out). Needs old_logp: recompute; the mismatch (mean/max |Δ log p|, KL(engine‖trainer), weight
+    mean/max, share over the cap) is logged per policy and step in every mode when old log-probs are recomputed."""
+    rollout_correction_cap: float = 2.0
+    """The cap C of rollout_correction (>= 1)."""
     success_threshold: float = 0.0
     """A response with reward above this counts as a success."""
     skip_zero_advantage: bool = True
@@ -70,6 +77,13 @@ class GRPOConfig:
         if self.ppo_epochs < 1 or self.num_mini_batches < 1 or self.micro_batch_size < 0:
             raise ValueError("algorithm.ppo_epochs and num_mini_batches must be >= 1, micro_batch_size >= 0.")
         _check_numbers(self)
+        from mutual_rl.algorithms.rollout_correction import check_mode
+
+        check_mode(self.rollout_correction, self.rollout_correction_cap)
+        if self.rollout_correction != "none" and self.old_logp != "recompute":
+            raise ValueError(f"algorithm.rollout_correction={self.rollout_correction} weighs tokens by the trainer's "
+                             "recomputed old log-probs over the engine's; with old_logp: rollout there are none. Set "
+                             "old_logp: recompute, or rollout_correction: none.")
         budget = self.max_tokens_per_micro_batch
         if budget != "auto" and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise ValueError(f"algorithm.max_tokens_per_micro_batch must be a number of tokens >= 1 or auto (the "
