@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The one device check (one CUDA GPU, no network). It stops at the first failure, in this order:
+#   0. the memory plan of configs/gpu on simulated 80 GB / 141 GB cards (printed)
 #   1. a training step on the GPU (rollouts, SGT's NLL and peer rows, KL, LoRA + full weights, evaluation)
 #   2. a bf16-mixed step (float32 master weights)
 #   3. one FSDP step (MutualFSDPStrategy on one GPU)
@@ -75,6 +76,9 @@ $PY -c "import mutual_rl, mutual_rl.module, tests.module.helpers; print('mutual_
 echo "PASS: environment ($(elapsed))"
 
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -x --no-header -rs)
+# the memory plan (mutual_rl/memory) of configs/gpu on a simulated 80 GB and 141 GB card, printed; on a GPU the fits
+# below print the real card's plan before their step 0
+step "memory plan" 90 "${PYTEST[@]}" -s tests/gpu/test_memory_plan.py
 step "training step on the GPU" 150 "${PYTEST[@]}" "tests/gpu/test_gpu_path.py::test_training_step_on_the_gpu"
 step "bf16-mixed step" 120 "${PYTEST[@]}" "tests/gpu/test_gpu_path.py::test_bf16_mixed_keeps_float32_master_weights"
 step "FSDP step" 120 "${PYTEST[@]}" "tests/gpu/test_gpu_path.py::test_one_fsdp_step"
