@@ -85,6 +85,9 @@ What differs (inherent to each implementation, kept as is)
   tokenizer); TRL does neither.
 - Ours decodes with its one-query CPU attention (``rollout/decode_attention.py``: two ``bmm`` per layer and step);
   TRL with transformers' ``sdpa``. ``--sdpa-decode`` gives ours ``sdpa`` too.
+- Ours samples with the HF engine's static-cache loop (``rollout/static_decode.py``, the CPU default: the same
+  tokens as ``generate``, without its per-step machinery); TRL with ``generate``. ``--sampler generate`` gives
+  ours ``generate`` too.
 - ``--compile`` turns on ours' ``PolicySpec.compile`` (the training forward through ``torch.compile``) and
   ``--trl-compile`` TRL's ``torch_compile=True``; either compiles during the warm-up pairs.
 - Ours skips the forward/backward of zero-advantage rows (all-pass / all-fail groups; no gradient change, see
@@ -147,6 +150,8 @@ def parse_args():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compile", action="store_true",
                     help="ours: PolicySpec.compile (torch.compile of the training forward; compiled in the warm-up)")
+    ap.add_argument("--sampler", choices=("auto", "static", "generate"), default="auto",
+                    help="ours: HFRolloutEngine's sampler (auto = the static-cache loop on the CPU)")
     ap.add_argument("--sdpa-decode", action="store_true",
                     help="ours: decode with transformers' sdpa attention (HFRolloutEngine.decode_attention off)")
     ap.add_argument("--trl-compile", action="store_true",
@@ -337,6 +342,7 @@ def main():
     if args.min_new_tokens:  # EOS suppressed on our side too (a benchmark-only engine setting)
         ours.module.engine.benchmark_min_new_tokens = args.min_new_tokens
     ours.module.engine.decode_attention = not args.sdpa_decode
+    ours.module.engine.sampler = args.sampler
 
     problems = task.train_problems()
     total = args.warmup + args.pairs

@@ -1,4 +1,10 @@
-"""Rollouts with Hugging Face ``generate``: the CPU engine and the GPU reference.
+"""Rollouts with the training model itself: the CPU engine and the GPU reference.
+
+Two samplers draw the same tokens (``HFRolloutEngine(sampler=...)``): Hugging Face ``generate``, described here,
+and the static-cache decode loop of ``rollout/static_decode.py``, which does what ``generate``'s sampling loop does
+with this configuration -- same processors in the same order, same draws from the global generator -- over
+preallocated key/value buffers, dropping finished rows from the batch, without ``generate``'s per-step machinery
+(the same ids for the same generator state and the same records, tested); it is the default on the CPU.
 
 Prompts are rendered in the policy's own format and left-padded (batched generation needs it). Sampling is
 exactly as configured and nothing else: ``generate`` gets a fresh ``GenerationConfig`` holding only what the
@@ -12,14 +18,15 @@ trainer's log-probs do not have. The remaining unset fields take transformers' n
 token is read from the processed scores (temperature, top-k and top-p applied), i.e. the distribution the token was
 drawn from, one step at a time (:class:`SampledLogProbs`), so the scores of the whole response are never kept.
 
-Two shortcuts around ``generate`` (the same tokens and log-probs up to float rounding, tested; each can be turned
+Two shortcuts, for both samplers (the same tokens and log-probs up to float rounding, tested; each can be turned
 off on the engine): rows with the same prompt prefill it once (:func:`shared_prompt_cache`; ``share_prefill``), and
 on the CPU the one-token decoding steps attend with two ``bmm`` instead of ``sdpa``'s kernel
 (``rollout/decode_attention.py``; ``decode_attention``).
 
-Under FSDP with several processes (each rank generating for its own prompts) every rank runs the same number of
-``generate`` calls -- missing ones as one-prompt dummies whose output is discarded -- with ``synced_gpus=True``,
-so ranks whose sequences finish early keep taking part in the others' forwards (``mutual_rl.update.lockstep``).
+Under FSDP with several processes (each rank generating for its own prompts) sampling always uses ``generate``
+(the static loop does not run lockstep), and every rank runs the same number of ``generate`` calls -- missing ones
+as one-prompt dummies whose output is discarded -- with ``synced_gpus=True``, so ranks whose sequences finish early
+keep taking part in the others' forwards (``mutual_rl.update.lockstep``).
 """
 
 from __future__ import annotations
