@@ -18,6 +18,7 @@ from lightning.pytorch import LightningModule
 from torch import nn
 
 from mutual_rl.callbacks.preemption import SigtermCheckpoint
+from mutual_rl.callbacks.rollout_faults import RolloutFaultCheckpoint
 from mutual_rl.distributed import (
     gather_objects,
     lockstep_needed,
@@ -164,6 +165,7 @@ class MutualRLModule(LightningModule):
         self._logged_keys: set[str] = set()  # every step metric ever logged (step_metrics.fill_absent)
         self._count_keys: set[str] = set()  # those that are counts (0, not NaN, when absent)
         self.last_report = None  # the last training step's StepReport (reduced over ranks), read by MWRA
+        self.sync_faults: list = []  # weight-sync faults kept by a finished step (callbacks/rollout_faults.py)
         self._collapse_warned: set[str] = set()
         from mutual_rl.data.prompt_length import check_prompt_overflow_mode
         from mutual_rl.rewards.guard import check_reward_settings
@@ -207,8 +209,9 @@ class MutualRLModule(LightningModule):
 
     def configure_callbacks(self):
         """:class:`~mutual_rl.callbacks.preemption.SigtermCheckpoint`: SIGTERM -> ``last.ckpt``, a resume line, exit
-        143 (Lightning alone exits 0)."""
-        return [SigtermCheckpoint()]
+        143 (Lightning alone exits 0); :class:`~mutual_rl.callbacks.rollout_faults.RolloutFaultCheckpoint`: a rollout
+        engine's fault -> ``last.ckpt`` and its message naming the policy, the step and how to resume."""
+        return [SigtermCheckpoint(), RolloutFaultCheckpoint()]
 
     def configure_optimizers(self):
         """One AdamW per policy, in ``model.policies`` order, with that policy's ``optimizer`` settings.
@@ -286,7 +289,7 @@ class MutualRLModule(LightningModule):
             backward=self.manual_backward,
             optimizer_step=lambda opt: self.trainer.strategy.optimizer_step(opt, lambda: None, self),
             budgets=self.budgets, datamodule=self._datamodule(), decay_ends=self._decay_ends,
-            thl_residual_every_n_steps=self.thl_residual_every_n_steps)
+            thl_residual_every_n_steps=self.thl_residual_every_n_steps, sync_faults=self.sync_faults)
 
     def _advance_step_counter(self) -> None:
         """One training step = one ``global_step``, however many optimizer steps the policies took."""

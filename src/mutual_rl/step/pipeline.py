@@ -12,6 +12,10 @@
 4. The exchange closes the step (flow counts); under several processes the report is reduced over ranks
    (:func:`~mutual_rl.step.report.reduce_over_ranks`).
 
+An exception in the engine's ``generate`` or ``sync_weights`` is a :class:`~mutual_rl.step.faults.RolloutFault`
+naming the policy, the phase and the step: raised at once from ``generate`` (carrying the sampling streams of the
+step's start), kept until the step is finished from ``sync_weights`` (:mod:`mutual_rl.step.faults`).
+
 The host -- :class:`mutual_rl.module.MutualRLModule` under Lightning, or a script -- supplies a :class:`StepContext`:
 the policies, regimes, engine, exchange, reward and optimizers, and how to run a backward pass and an optimizer step.
 Logging, step counters, checkpoints and exports stay with the host.
@@ -26,13 +30,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mutual_rl.distributed import lockstep_needed, raise_together
+from mutual_rl.distributed import lockstep_needed
 from mutual_rl.exchange import trace_records
 from mutual_rl.interfaces import Regime, RolloutEngine
 from mutual_rl.model.spec import PolicySpec
 from mutual_rl.regimes.crossing import thl_residual
+from mutual_rl.resume import rng_state
 from mutual_rl.rewards import RewardError
 from mutual_rl.step.dynamic import Sampled, dynamic_sample, sample_round
+from mutual_rl.step.faults import RolloutFault, collect_sync_faults, engine_name, raise_fault_together
 from mutual_rl.step.report import PolicyStepReport, StepReport, reduce_over_ranks
 from mutual_rl.types import PromptBatch
 from mutual_rl.update.config import GRPOConfig
@@ -65,6 +71,9 @@ class StepContext:
     decay_ends: Mapping[str, int | None] = field(default_factory=dict)
     """The step each policy's learning-rate decay ends (:func:`mutual_rl.update.schedule.decay_end`)."""
     thl_residual_every_n_steps: int = 10
+    sync_faults: list | None = None
+    """Where a failed ``sync_weights`` is kept (:class:`~mutual_rl.step.faults.RolloutFault`) for the host to raise
+    before the engine is used again; None: raised at the end of the step (:mod:`mutual_rl.step.faults`)."""
 
     @classmethod
     def from_policies(cls, policies: Sequence, regime: Regime | str = "none", *, reward: str | Callable = "integer_match",
@@ -104,23 +113,35 @@ class StepContext:
 def run_step(ctx: StepContext, batch: PromptBatch, step: int) -> StepReport:
     """One training step of every policy on ``batch`` (module docstring)."""
     ex = ctx.exchange
+    rng = rng_state()  # a generate fault carries the streams of the step's start (step/faults.py)
     ex.begin_step(step)
     sampled: dict[str, Sampled] = {}
     for spec in ctx.specs:
         error = None
         try:
             sampled[spec.name] = sample_policy(ctx, spec, batch, step)
-        except RewardError as e:  # several processes: every rank stops, none waits in the next collective
+        except (RewardError, RolloutFault) as e:  # several processes: every rank stops, none waits in a collective
             error = e
-        raise_together(error, f"scoring policy {spec.name!r}'s rollouts")
+        if isinstance(error, RolloutFault):
+            error.rng = rng
+        raise_fault_together(error, RolloutFault(None, engine_name(ctx.engine), "generate", step, None, rng),
+                             f"sampling or scoring policy {spec.name!r}'s rollouts")
         for g in sampled[spec.name].groups:
             ex.publish(g)
     replayed = {}
     if ex.replayed_policies:  # stored-peer mode: recorded peers' groups for this step's prompts
         for name, gs in ex.replay_groups(step, [p.prompt_id for p in batch.problems]).items():
             replayed[name] = float(torch.cat([g.rewards for g in gs]).mean()) if gs else 0.0
-    reports = {spec.name: train_policy(ctx, spec, sampled[spec.name], step) for spec in ctx.specs}
-    return reduce_over_ranks(StepReport(step, reports, ex.end_step(), replayed))
+    faults: list[RolloutFault] = []
+    reports = {spec.name: train_policy(ctx, spec, sampled[spec.name], step, faults) for spec in ctx.specs}
+    report = reduce_over_ranks(StepReport(step, reports, ex.end_step(), replayed))
+    faults = collect_sync_faults(faults, RolloutFault(None, engine_name(ctx.engine), "sync_weights", step, None))
+    if faults and ctx.sync_faults is not None:
+        ctx.sync_faults.extend(faults)
+    elif faults:
+        faults[0].report = report
+        raise faults[0]
+    return report
 
 
 def sample_policy(ctx: StepContext, spec: PolicySpec, batch: PromptBatch, step: int) -> Sampled:
@@ -133,7 +154,10 @@ def sample_policy(ctx: StepContext, spec: PolicySpec, batch: PromptBatch, step: 
     policy, a = ctx.policies[spec.name], ctx.algorithm
 
     def generate(problems, group_id_base: int):
-        return ctx.engine.generate(policy, problems, sampling, step=step, group_id_base=group_id_base)
+        try:
+            return ctx.engine.generate(policy, problems, sampling, step=step, group_id_base=group_id_base)
+        except Exception as e:  # noqa: BLE001 - any engine failure: one fault naming the policy and the step
+            raise RolloutFault(spec.name, engine_name(ctx.engine), "generate", step, e) from e
 
     def score(problems, per_prompt):
         return score_groups(spec.name, problems, per_prompt, ctx.reward_fn, eps=a.eps, scale=a.scale,
@@ -145,9 +169,11 @@ def sample_policy(ctx: StepContext, spec: PolicySpec, batch: PromptBatch, step: 
                           datamodule=ctx.datamodule, lockstep=lockstep_needed(policy.model))
 
 
-def train_policy(ctx: StepContext, spec: PolicySpec, sampled: Sampled, step: int) -> PolicyStepReport:
+def train_policy(ctx: StepContext, spec: PolicySpec, sampled: Sampled, step: int,
+                 faults: list | None = None) -> PolicyStepReport:
     """One receiver's learning in the step (module docstring, phase 3); a policy MWRA does not update this step
-    consumes none of its deliveries (each counted dropped ``over_budget``)."""
+    consumes none of its deliveries (each counted dropped ``over_budget``). A failed ``sync_weights`` is appended to
+    ``faults`` as a :class:`~mutual_rl.step.faults.RolloutFault` (raised at once when ``faults`` is None)."""
     name, ex = spec.name, ctx.exchange
     report = PolicyStepReport(name, sampled.rollout, sampled.scoring, sampled.dynamic_sampling,
                               groups=tuple(sampled.groups))
@@ -176,7 +202,15 @@ def train_policy(ctx: StepContext, spec: PolicySpec, sampled: Sampled, step: int
                           step_optimizer=lambda: ctx.optimizer_step(optimizer),
                           zero_grad=lambda: optimizer.zero_grad(set_to_none=True))
     stats = dataclasses.replace(stats, lr=lr, train_s=time.perf_counter() - t0)
-    sync = ctx.engine.sync_weights(policy)  # engines holding their own copy of the weights (vLLM): push the update
+    sync = None
+    try:
+        sync = ctx.engine.sync_weights(policy)  # engines holding their own copy of the weights (vLLM): push it
+    except Exception as e:  # noqa: BLE001 - the update stands; the step finishes, the host stops before the next use
+        fault = RolloutFault(name, engine_name(ctx.engine), "sync_weights", step, e)
+        fault.__cause__ = e
+        if faults is None:
+            raise fault from e
+        faults.append(fault)
     return dataclasses.replace(report, update=stats, regime=dict(plan.metrics), sync=sync, thl=thl,
                                histograms=dict(plan.histograms))
 
