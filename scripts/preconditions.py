@@ -6,6 +6,7 @@ Usage (preset folders from the cache, ``$MUTUAL_RL_CACHE/presets/<name>-<hash>``
 ``src/mutual_rl/presets/shipped/``)::
 
     python scripts/preconditions.py gpt2=<folder> llama=<folder> --temperatures 0.6 1.0
+    python scripts/preconditions.py gpt2=<folder> llama=<folder> --task chain      # benchmark v4's task
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from mutual_rl.data.chain import ChainTask
 from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.evaluation.benchmarks import evaluate_problems
 from mutual_rl.presets.quality import BuildPolicy
@@ -25,8 +27,12 @@ def main() -> None:
     ap.add_argument("policies", nargs="+", help="name=preset_folder")
     ap.add_argument("--temperatures", nargs="+", type=float, default=[0.6, 1.0])
     ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--task", choices=["arithmetic", "chain"], default="arithmetic",
+                    help="arithmetic: benchmark v3's task; chain: v4's worked solutions (ChainTask, 3 terms)")
     args = ap.parse_args()
-    task = ArithmeticTask(operators=["+", "-"], digits=2, num_heldout=400)
+    task = (ArithmeticTask(operators=["+", "-"], digits=2, num_heldout=400) if args.task == "arithmetic"
+            else ChainTask(num_heldout=400))
+    max_new_tokens = 8 if args.task == "arithmetic" else 40
     problems = task.heldout_problems()
     policies = []
     for item in args.policies:
@@ -36,10 +42,10 @@ def main() -> None:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         tok = PreTrainedTokenizerFast.from_pretrained(folder)
         tok.padding_side = "left"
-        policies.append(BuildPolicy(name, model, tok, "{problem}", False, 8))
+        policies.append(BuildPolicy(name, model, tok, "{problem}", False, max_new_tokens))
     for t in args.temperatures:
         results, comp = evaluate_problems(policies, problems, reward=task.default_reward, k=args.k, temperature=t,
-                                          top_p=0.95 if t < 1.0 else 1.0, max_new_tokens=8, seed=1234,
+                                          top_p=0.95 if t < 1.0 else 1.0, max_new_tokens=max_new_tokens, seed=1234,
                                           progress=False)
         print(f"T = {t}:")
         for p in policies:

@@ -2,6 +2,7 @@
 
     python scripts/ship_presets.py                       # configs/base.yaml's presets
     python scripts/ship_presets.py --config configs/x.yaml --check   # rebuild and compare with what ships
+    python scripts/ship_presets.py --config configs/grpo.yaml --config configs/v4.yaml   # benchmark v4's presets
 
 Each preset is built in the pinned worker (one thread, AVX2 kernels) into a temporary cache, ignoring any shipped
 copy (``MUTUAL_RL_PRESET_SHIPPED=0``), then copied to ``src/mutual_rl/presets/shipped/<cache folder name>`` with
@@ -24,11 +25,13 @@ FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenize
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="configs/base.yaml", help="a fit config (default configs/base.yaml)")
+    ap.add_argument("--config", action="append", default=None,
+                    help="a fit config; repeat it for overlays, as with mutual-rl fit (default configs/base.yaml)")
     ap.add_argument("--check", action="store_true", help="rebuild and compare with the shipped folders; write nothing")
     ap.add_argument("--cache", default=None,
                     help="preset cache to build in (and reuse builds from); default a temporary folder")
     args = ap.parse_args()
+    configs = args.config or ["configs/base.yaml"]
     os.environ["MUTUAL_RL_PRESET_SHIPPED"] = "0"
     os.environ.setdefault("MUTUAL_RL_PRESET_BUILD", "pinned")
 
@@ -38,11 +41,11 @@ def main() -> None:
     from mutual_rl.presets.shipped import SHIPPED_DIR, WEIGHTS, file_sha256
 
     sys.argv = sys.argv[:1]  # LightningCLI parses the args given here, not this script's
-    cli = build_cli(["--config", args.config, "--trainer.logger", "false"], run=False)
+    cli = build_cli([a for c in configs for a in ("--config", c)] + ["--trainer.logger", "false"], run=False)
     task = cli.datamodule.task
     specs = [s for s in cli.model.specs if s.model.startswith("tiny:")]
     if not specs:
-        raise SystemExit(f"{args.config} names no tiny preset (model: tiny:...)")
+        raise SystemExit(f"{' + '.join(configs)} names no tiny preset (model: tiny:...)")
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
         cache = args.cache or tmp

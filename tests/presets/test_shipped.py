@@ -15,6 +15,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from mutual_rl.data.chain import ChainTask
 from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.model.spec import WarmStart
 from mutual_rl.presets import cache as preset_cache
@@ -26,10 +27,15 @@ ROOT = Path(__file__).resolve().parents[2]
 TASK = ArithmeticTask(operators=["+", "-"], digits=2, num_train=400, num_heldout=20)
 
 
-def base_presets():
-    """(name, warmstart, task) of every tiny policy in configs/base.yaml, as the trainer keys them."""
-    cfg = yaml.safe_load((ROOT / "configs" / "base.yaml").read_text())
-    task = ArithmeticTask(**cfg["data"]["task"])
+def base_presets(benchmark: str = "v3"):
+    """(name, warmstart, task) of every tiny policy in configs/base.yaml (v3) or configs/v4.yaml (v4), as the
+    trainer keys them."""
+    if benchmark == "v4":
+        cfg = yaml.safe_load((ROOT / "configs" / "v4.yaml").read_text())
+        task = ChainTask(**cfg["data"]["task"]["init_args"])
+    else:
+        cfg = yaml.safe_load((ROOT / "configs" / "base.yaml").read_text())
+        task = ArithmeticTask(**cfg["data"]["task"])
     out = []
     for p in cfg["model"]["policies"]:
         out.append((p["model"], WarmStart(**p["warmstart"]), task))
@@ -40,11 +46,13 @@ def _no_build(*a, **k):
     raise AssertionError("a shipped preset was built")
 
 
-def test_base_config_presets_ship_and_load_without_a_build(tmp_path, monkeypatch):
-    """Both presets of configs/base.yaml have a shipped folder under their key; loading one builds nothing, writes
-    nothing to the cache and gives exactly the shipped weights; the stored report lies inside the config's expect."""
+@pytest.mark.parametrize("benchmark", ["v3", "v4"])
+def test_base_config_presets_ship_and_load_without_a_build(tmp_path, monkeypatch, benchmark):
+    """Both presets of configs/base.yaml (benchmark v3) and of configs/v4.yaml have a shipped folder under their key;
+    loading one builds nothing, writes nothing to the cache and gives exactly the shipped weights; the stored report
+    lies inside the config's expect."""
     monkeypatch.setattr(preset_cache, "_build", _no_build)
-    presets = base_presets()
+    presets = base_presets(benchmark)
     assert [n for n, _, _ in presets] == ["tiny:gpt2-bpe", "tiny:llama-char"]
     for name, ws, task in presets:
         key = preset_key(name, 0, ws, task, "{problem}")
