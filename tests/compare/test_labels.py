@@ -15,9 +15,9 @@ from mutual_rl.config_files import load_config
 
 def test_label_records_are_complete_and_in_table_order():
     assert list(LABELS)[:4] == ["grpo", "grpo_n16", "grpo_n32", "dapo_ds"]
-    assert list(LABELS)[-1] == "graft_stored" and len(LABELS) == 21
+    assert list(LABELS)[-1] == "graft_stored" and len(LABELS) == 22
     assert {n: dict(lab.regime_args) for n, lab in LABELS.items() if lab.regime_args} == {
-        "graft_d05": {"delta": 0.5}, "graft_d03": {"delta": 0.3}, "sgt_lam01": {"coef": 0.1},
+        "graft_d09": {"delta": 0.9}, "graft_d05": {"delta": 0.5}, "graft_d03": {"delta": 0.3}, "sgt_lam01": {"coef": 0.1},
         "sgt_lam03": {"coef": 0.3}}
     assert labels.DEFAULT_LABELS == tuple(n for n in LABELS if n not in labels.EXTRA_LABELS)
     assert len(labels.DEFAULT_LABELS) == 17

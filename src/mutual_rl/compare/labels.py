@@ -58,7 +58,9 @@ _TABLE = (
           "#e377c2", "P"),
     Label("graft", "graft.yaml", "GRAFT: peer mixed groups replace all-fail groups (co-trained, balanced)",
           "#9467bd", "*"),
-    Label("graft_d05", "graft.yaml", "GRAFT at δ = 0.5 (a gate that admits more: see the measured premises)",
+    Label("graft_d09", "graft.yaml", "GRAFT at δ = 0.9 (v4: the δ at which the gate selects; measured premises)",
+          "#3182bd", "*", "-.", regime_args=(("delta", 0.9),)),
+    Label("graft_d05", "graft.yaml", "GRAFT at δ = 0.5 (v3: a gate that admits more; measured premises)",
           "#6a3d9a", "*", "--", regime_args=(("delta", 0.5),)),
     Label("graft_d03", "graft.yaml", "GRAFT at δ = 0.3 (a permissive gate)", "#cab2d6", "*", ":",
           regime_args=(("delta", 0.3),)),
@@ -79,7 +81,7 @@ _TABLE = (
 #: label -> its record; the order is the tables' and figures' order
 LABELS: dict[str, Label] = {lab.name: lab for lab in _TABLE}
 #: labels run only when named in --regimes: GRAFT at other δ (chosen on benchmark v4), SGT at a fixed λ
-EXTRA_LABELS = ("graft_d05", "graft_d03", "sgt_lam01", "sgt_lam03")
+EXTRA_LABELS = ("graft_d09", "graft_d05", "graft_d03", "sgt_lam01", "sgt_lam03")
 #: the labels a comparison runs when --regimes is not given
 DEFAULT_LABELS = tuple(lab for lab in LABELS if lab not in EXTRA_LABELS)
 
