@@ -28,7 +28,7 @@ def test_print_config_shows_every_default_of_the_chosen_regime(capsys):
     printed = yaml.safe_load(_run(["fit", "--config", str(CONFIGS / "sgt.yaml"), "--print_config"], capsys))
     regime = printed["model"]["regime"]
     assert regime["class_path"] == "mutual_rl.regimes.SGT"
-    assert regime["init_args"] == {"coef": 0.3, "seed": 0}
+    assert regime["init_args"] == {"coef": 0.1, "seed": 0}
     graft = yaml.safe_load(_run(["fit", "--config", str(CONFIGS / "graft.yaml"), "--print_config"], capsys))
     assert graft["model"]["regime"]["init_args"] == {"delta": 0.8, "balance": True, "policy_order": None,
                                                      "logp_batch_size": 16, "peer_last": "in_batch",
