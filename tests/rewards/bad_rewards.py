@@ -129,3 +129,23 @@ def fork_and_hang(completion: str, answer: str) -> float:
 
 def trl_exits(prompts, completions, **kwargs):
     sys.exit(5)
+
+
+def waits_to_be_killed_once(completion: str, answer: str) -> float:
+    """The first call (no ``$MUTUAL_RL_TEST_PIDS.once`` file yet) creates that file, records the worker's pid and
+    waits (up to 60 s) for the test to kill the worker; every later call is :func:`parity`."""
+    once = os.environ["MUTUAL_RL_TEST_PIDS"] + ".once"
+    if not os.path.exists(once):
+        open(once, "w").close()
+        _record(os.getpid())
+        time.sleep(60)
+    return parity(completion, answer)
+
+
+def sigkills_itself(completion: str, answer: str) -> float:
+    """Records its worker's pid and kills that process with SIGKILL, at every call."""
+    import signal
+
+    _record(os.getpid())
+    os.kill(os.getpid(), signal.SIGKILL)
+    return 0.0

@@ -16,7 +16,11 @@ is called in a **worker process** (:mod:`mutual_rl.rewards.reward_worker`):
   whole process group (the worker, its pools, its forks) is killed with ``SIGKILL`` and reaped, the call is a
   timeout, and the next call starts a new worker (paying the start-up again: Python, plus the reward module's
   imports);
-* a ``SystemExit``/``KeyboardInterrupt`` in the reward, a worker that dies during a call, or child processes still
+* a worker **killed by a signal** during a call (``SIGKILL`` from the out-of-memory killer or an operator) is
+  restarted and the call sent again, once per call, with a warning line on stderr; the call's result is then that
+  of the new worker (the step goes on with it);
+* a ``SystemExit``/``KeyboardInterrupt`` in the reward, a worker that ends itself during a call (or is killed again
+  during the call sent again), or child processes still
   running after the call returned (killed at once) raise :class:`RewardFatal`, which the guards turn into a
   :class:`~mutual_rl.rewards.guard.RewardError` naming the reward in **both** error modes: such a reward is broken,
   not a wrong completion;
@@ -67,6 +71,11 @@ IMPORT_FIX = ("the worker imports the reward's module afresh, with the trainer's
               "model.reward_isolation: none to call it in the trainer's process")
 
 
+KILLED_FIX = ("a worker killed by a signal is restarted once per call; killed twice in one call, the run stops: find "
+              "what kills it (the out-of-memory killer: see `dmesg`; a reward that uses much memory or kills its own "
+              "process), or set model.reward_isolation: none to call the reward in the trainer's process")
+
+
 class RewardWorkerError(RuntimeError):
     """The hand-off between the trainer and a reward's worker failed (arguments or answer not transferable): the
     worker's fault, never the reward's; the guards raise it in both error modes."""
@@ -97,6 +106,7 @@ class _Worker:
         self.conn: Connection | None = None
         self.lock = threading.Lock()
         self.starts = 0
+        self.exit_code = 0
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
@@ -123,7 +133,8 @@ class _Worker:
             raise RewardFatal(text, IMPORT_FIX)
 
     def kill(self) -> str:
-        """SIGKILL the worker's process group and reap the worker; how it ended, in words."""
+        """SIGKILL the worker's process group and reap the worker; how it ended, in words (its exit status, negative
+        for a signal, in ``exit_code``)."""
         proc, conn, self.proc, self.conn = self.proc, self.conn, None, None
         if conn is not None:
             conn.close()
@@ -133,32 +144,17 @@ class _Worker:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        code = proc.wait()
+        code = self.exit_code = proc.wait()
         return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
     def call(self, args: tuple, kwargs: dict, timeout_s: float | None, want="number"):
         with self.lock:
-            if self.proc is not None and self.proc.poll() is not None:
-                self.kill()
-            if self.proc is None:
-                self._start()
             try:
                 request = pickle.dumps((args, kwargs, want))
             except Exception as exc:  # noqa: BLE001 - the trainer's side of the hand-off
                 raise RewardWorkerError(self._handoff(f"could not pickle the call's arguments for it "
                                                       f"({type(exc).__name__}: {exc})")) from exc
-            try:
-                self.conn.send_bytes(request)
-                done = self.conn.poll(timeout_s)
-                raw = self.conn.recv_bytes() if done else None
-            except (EOFError, OSError):
-                raise RewardFatal(f"ended its worker process ({self.kill()}) during the call") from None
-            except BaseException:  # e.g. Ctrl-C while waiting: the worker's answer would answer the next call
-                self.kill()
-                raise
-            if not done:
-                self.kill()  # the whole process group, hard: a hung reward, its pools and its forks
-                raise TimeoutError(f"no result within {timeout_s:g} s")
+            raw = self._round_trip(request, timeout_s)
             try:
                 reply = pickle.loads(raw)
             except Exception as exc:  # noqa: BLE001 - the worker sends plain values only: a hand-off fault
@@ -174,6 +170,40 @@ class _Worker:
         if status == "ok":
             return from_wire(reply[1])
         raise RewardRaised(*reply[1:])
+
+    def _round_trip(self, request: bytes, timeout_s: float | None) -> bytes:
+        """Send ``request`` to the worker (started if it is not running) and return its answer. A worker killed by
+        a signal during the call (``SIGKILL``: the out-of-memory killer, an operator) is restarted and the call sent
+        again, once (a line on stderr says so); killed again, or ended in any other way, :class:`RewardFatal`."""
+        killed = None
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                self.kill()
+            if self.proc is None:
+                self._start()
+            try:
+                self.conn.send_bytes(request)
+                done = self.conn.poll(timeout_s)
+                raw = self.conn.recv_bytes() if done else None
+            except (EOFError, OSError):
+                how = self.kill()
+                if self.exit_code < 0 and killed is None:
+                    killed = how
+                    print(f"mutual-rl: warning: the worker process of reward {self.module}:{self.attr} was {how} "
+                          "during a call; started a new one and sent the call again (once per call).",
+                          file=sys.stderr, flush=True)
+                    continue
+                if killed is not None:
+                    raise RewardFatal(f"had its worker process {killed} during the call, and the new worker {how} "
+                                      "during the call sent again", KILLED_FIX) from None
+                raise RewardFatal(f"ended its worker process ({how}) during the call") from None
+            except BaseException:  # e.g. Ctrl-C while waiting: the worker's answer would answer the next call
+                self.kill()
+                raise
+            if not done:
+                self.kill()  # the whole process group, hard: a hung reward, its pools and its forks
+                raise TimeoutError(f"no result within {timeout_s:g} s")
+            return raw
 
     def _handoff(self, what: str) -> str:
         return (f"the worker process of reward {self.module}:{self.attr} {what}. This is a failure of mutual-rl's "
