@@ -86,7 +86,7 @@ def precision() -> dict:
         policy.model = shard_model(policy.model, _layers(policy.model), torch.device("cpu"), mixed_precision=mp)
         seen = []
         rotary = policy.model.module.model.rotary_emb
-        rotary.register_forward_pre_hook(lambda m, _args: seen.append(str(m.inv_freq.dtype)))
+        rotary.register_forward_pre_hook(lambda m, _args, seen=seen: seen.append(str(m.inv_freq.dtype)))
         got = score(policy, autocast=True)
         out[label] = {"inv_freq_dtype": seen[0], "mean_vs_mixed": float((got - mixed).abs().mean()),
                       "tail_mean_vs_mixed": float((got - mixed)[2000:].abs().mean()),
@@ -150,7 +150,7 @@ def head() -> dict:
         before = _vm("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")  # reset the resident-set high-water mark
         stats = update_policy(policy, plan, cfg, backward=lambda loss: loss.backward(), step_optimizer=opt.step,
-                              zero_grad=lambda: opt.zero_grad(set_to_none=True))
+                              zero_grad=lambda o=opt: o.zero_grad(set_to_none=True))
         peak = _vm("VmHWM") - before
         out[label] = {"peak_bytes": peak, "loss": stats.loss, "grad_norm": float(stats.grad_norm)}
         del policy, opt

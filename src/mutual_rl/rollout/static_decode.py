@@ -164,14 +164,14 @@ def static_sample(model, ids: torch.Tensor, attn: torch.Tensor, s: SamplingSpec,
 def _decode(model, logits, cache, mask, last_pos, width, s: SamplingSpec, eos: int, pad: int, min_new: int):
     """The sampling loop of :func:`static_sample` from the prompt's last logits ``[B, V]`` (module docstring, 2).
     ``rows``: the rows of the batch still run through the model (finished ones are dropped, :func:`_keep_rows`)."""
-    b, steps = logits.shape[0], s.max_new_tokens
+    b, steps, eos = logits.shape[0], s.max_new_tokens, -1 if eos is None else eos  # -1: no EOS, rows never stop
     warpers = sampling_warpers(s.temperature, s.top_k, s.top_p)
     tokens = torch.full((b, steps), pad, dtype=torch.long, device=logits.device)
     logp = torch.zeros((b, steps), dtype=torch.float32, device=logits.device)
     rows = torch.arange(b, device=logits.device)
     running = torch.ones(b, dtype=torch.bool, device=logits.device)  # per row of ``rows``: not finished yet
     for t in range(steps):
-        if t < min_new:
+        if t < min_new and eos >= 0:
             logits[:, eos] = float("-inf")
         scores = warpers(None, logits)
         probs = torch.softmax(scores, dim=-1)
