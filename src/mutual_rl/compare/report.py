@@ -23,8 +23,8 @@ from pathlib import Path
 
 from mutual_rl.compare import delta, plots, tags
 from mutual_rl.compare.claims import claim_lines
-from mutual_rl.compare.runs import first_at, last_k_mean, load, per_step, policies_of
 from mutual_rl.compare.premise import premise_lines
+from mutual_rl.compare.runs import first_at, last_k_mean, load, per_step, policies_of
 from mutual_rl.compare.settings import Settings
 from mutual_rl.compare.stats import beyond_spread, delta_se, mean_std, min_detectable_difference
 from mutual_rl.compare.step0 import print_step0, step0_lines, step0_summary

@@ -26,9 +26,9 @@ from typing import NamedTuple
 import yaml
 
 from mutual_rl.compare.labels import BENCHMARKS, LABELS, RECORDER, check_configs, config_path, configs_dir
-from mutual_rl.config_files import merge_config
 from mutual_rl.compare.settings import ConfigReader, Settings
 from mutual_rl.compare.step0 import print_step0_if_ready
+from mutual_rl.config_files import merge_config
 
 
 # ------------------------------------------------------------------------------------------------ the launcher
