@@ -7,7 +7,8 @@ UTF-16 surrogate in a text (``"\\ud800"``) ended in ``TypeError: TextEncodeInput
 * :func:`check_text`: a ``str`` that encodes as UTF-8 (no lone surrogate);
 * :func:`check_ids`: a sequence (list, tuple, 1-d array or tensor) of integers (``bool`` and floats refused, even
   ``1.0``) each in ``0 .. len(tokenizer) - 1`` (the vocabulary with added tokens; no upper bound for a tokenizer
-  without ``len()``); returns them as a list of ``int``.
+  without ``len()``); returns them as a list of ``int``;
+* :func:`tokenizer_name`: how a tokenizer is named in these and the other THL error messages.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ import numbers
 from typing import Any
 
 import torch
+
+
+def tokenizer_name(tokenizer: Any) -> str:
+    """``ClassName('name_or_path')`` for error messages."""
+    return f"{type(tokenizer).__name__}({getattr(tokenizer, 'name_or_path', '') or '<unnamed>'!r})"
 
 
 class THLInputError(ValueError, TypeError):
@@ -71,12 +77,10 @@ def check_ids(tokenizer: Any, ids: Any, what: str, fn: str) -> list[int]:
     low, high = min(out), max(out)
     if low >= 0 and (vocab is None or high < vocab):
         return out
-    from mutual_rl.thl.offsets import tokenizer_name  # offsets.py imports this module
-
     k = next(k for k, i in enumerate(out) if i < 0 or (vocab is not None and i >= vocab))
     valid = f"0..{vocab - 1}" if vocab is not None else ">= 0"
     raise THLInputError(f"thl.{fn}: {what}[{k}] = {out[k]} is not a token id of {tokenizer_name(tokenizer)} "
                         f"(valid ids: {valid}); were these ids produced by another tokenizer?")
 
 
-__all__ = ["THLInputError", "check_ids", "check_text"]
+__all__ = ["THLInputError", "check_ids", "check_text", "tokenizer_name"]

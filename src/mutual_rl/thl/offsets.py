@@ -5,14 +5,9 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from mutual_rl.thl.checks import check_ids, check_text
+from mutual_rl.thl.checks import check_ids, check_text, tokenizer_name
 
 Offsets = list[tuple[int, int]]
-
-
-def tokenizer_name(tokenizer: Any) -> str:
-    """``ClassName('name_or_path')`` for error messages."""
-    return f"{type(tokenizer).__name__}({getattr(tokenizer, 'name_or_path', '') or '<unnamed>'!r})"
 
 
 def encode_with_offsets(tokenizer: Any, text: str, *, fallback: bool = True) -> tuple[list[int], Offsets]:

@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from mutual_rl.thl.checks import check_ids, check_text
-from mutual_rl.thl.offsets import encode_with_offsets, tokenizer_name
+from mutual_rl.thl.checks import check_ids, check_text, tokenizer_name
+from mutual_rl.thl.offsets import encode_with_offsets
 
 
 class DecodedSource(NamedTuple):
