@@ -54,17 +54,18 @@ def test_regimes_and_evaluation_never_import_distributed():
 
 
 #: the package's layers, bottom to top (top-level modules and packages of ``mutual_rl``): records, statistics and the
-#: interfaces the step calls; pure math, the THL and the distributed helpers; prompts and rewards; the model; the
-#: update and the rollout engines; regimes, the exchange, MWRA, evaluation, presets; the step; its hosts
+#: interfaces the step calls; pure math, the THL and the distributed helpers (FSDP units included); prompts and
+#: rewards; the model and its memory plan; the update and the rollout engines; regimes, the exchange, MWRA,
+#: evaluation, presets; the step; its hosts (the CLI with its error report)
 LAYERS = (
-    ("types", "stats", "interfaces", "assets", "threads", "warnings_filters", "durable", "config_files"),
-    ("algorithms", "thl", "distributed", "strategies"),
+    ("types", "stats", "interfaces", "assets", "threads", "warnings_filters", "durable", "config_files", "rng"),
+    ("algorithms", "thl", "distributed", "strategies", "sharding"),
     ("data", "rewards"),
-    ("model",),
+    ("model", "memory"),
     ("update", "rollout"),
     ("regimes", "exchange", "allocation", "evaluation", "presets"),
     ("step",),
-    ("callbacks", "module", "resume", "step_metrics", "cli", "compare"),
+    ("callbacks", "module", "resume", "step_metrics", "cli", "cli_errors", "compare"),
 )
 #: the one import that runs up the layers: loading a ``tiny:`` policy builds the embedded preset (a plugin edge)
 UPWARD_ALLOWED = {("mutual_rl.model.loading", "presets")}

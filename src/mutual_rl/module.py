@@ -36,11 +36,10 @@ from mutual_rl.resume import (
     apply_optimizer_settings,
     match_policies_by_name,
     offset_rng_per_rank,
-    rng_state,
     rng_to_restore,
-    set_rng_state,
 )
 from mutual_rl.rewards import RewardTerm, build_reward
+from mutual_rl.rng import rng_state, set_rng_state
 from mutual_rl.rollout import RolloutEngine, get_engine
 from mutual_rl.step.dynamic import check_dynamic_sampling
 from mutual_rl.step.pipeline import StepContext, run_step
@@ -165,6 +164,7 @@ class MutualRLModule(LightningModule):
         self._logged_keys: set[str] = set()  # every step metric ever logged (step_metrics.fill_absent)
         self._count_keys: set[str] = set()  # those that are counts (0, not NaN, when absent)
         self.last_report = None  # the last training step's StepReport (reduced over ranks), read by MWRA
+        self.memory_plan = None  # the memory plan of the card, set before step 0 on CUDA (memory/fit.py)
         self.sync_faults: list = []  # weight-sync faults kept by a finished step (callbacks/rollout_faults.py)
         self._collapse_warned: set[str] = set()
         from mutual_rl.data.prompt_length import check_prompt_overflow_mode
@@ -404,7 +404,8 @@ class MutualRLModule(LightningModule):
                 policy.share_prompts = False
         from mutual_rl.memory.fit import plan_before_fit
 
-        plan_before_fit(self)  # autocast dtype per policy; on CUDA the memory plan before step 0 (memory/plan.py)
+        # autocast dtype per policy; on CUDA the memory plan before step 0 (memory/plan.py), kept for inspection
+        self.memory_plan = plan_before_fit(self)
 
     def on_train_start(self) -> None:
         if self._rng_to_restore is not None:  # after every restore step, so nothing else consumes it first

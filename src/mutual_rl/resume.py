@@ -1,7 +1,7 @@
 """Resuming: policies matched by name, the configured optimizer settings applied, sampling streams put back.
 
 Functions of the checkpoint dict, the config and the process's random generators, called from the module's
-checkpoint hooks.
+checkpoint hooks (the streams themselves are taken and put back by ``rng.py``).
 """
 
 from __future__ import annotations
@@ -65,15 +65,6 @@ def match_policies_by_name(checkpoint: dict, saved: list[str], current: list[str
     checkpoint["optimizer_states"] = [by_name[name] for name in current]
 
 
-def rng_state() -> dict:
-    """This process's sampling streams: torch's CPU generator, Python's ``random`` and, on GPUs, every CUDA
-    generator (sampling there draws from the accelerator's)."""
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
-    return rng
-
-
 def rng_to_restore(state: dict, rank: int, world: int) -> tuple[dict | None, bool]:
     """The stream this rank resumes from a checkpoint's mutual-rl state, and whether ranks must then be offset: each
     rank its own when the world size is the same, else rank 0's, offset per rank."""
@@ -81,15 +72,6 @@ def rng_to_restore(state: dict, rank: int, world: int) -> tuple[dict | None, boo
     if len(per_rank) == world:
         return per_rank[rank], False
     return per_rank[0], world > 1
-
-
-def set_rng_state(rng: dict) -> None:
-    """Put back a stream of :func:`rng_state` (CUDA generators only when the device count matches)."""
-    torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
-    cuda = rng.get("cuda")
-    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(cuda)
 
 
 def offset_rng_per_rank(rank: int, world: int) -> None:

@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
 from mutual_rl.callbacks.preemption import checkpoint_dir
-from mutual_rl.resume import set_rng_state
+from mutual_rl.rng import set_rng_state
 from mutual_rl.step.faults import RolloutFault
 
 

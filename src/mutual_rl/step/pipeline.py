@@ -35,8 +35,8 @@ from mutual_rl.exchange import trace_records
 from mutual_rl.interfaces import Regime, RolloutEngine
 from mutual_rl.model.spec import PolicySpec
 from mutual_rl.regimes.crossing import thl_residual
-from mutual_rl.resume import rng_state
 from mutual_rl.rewards import RewardError
+from mutual_rl.rng import rng_state
 from mutual_rl.step.dynamic import Sampled, dynamic_sample, sample_round
 from mutual_rl.step.faults import RolloutFault, collect_sync_faults, engine_name, raise_fault_together
 from mutual_rl.step.report import PolicyStepReport, StepReport, reduce_over_ranks
