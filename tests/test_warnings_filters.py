@@ -70,10 +70,15 @@ def test_leafspec_deprecation_is_ignored_and_other_future_warnings_are_not():
             warnings.warn("something else is deprecated", FutureWarning, stacklevel=1)
 
 
-def test_our_generate_drops_the_false_alarm_outside_a_fit(transformers_logger, monkeypatch):
+@pytest.mark.parametrize("sampler", ["generate", "static"])
+def test_our_generate_drops_the_false_alarm_outside_a_fit(transformers_logger, monkeypatch, sampler):
     """An evaluation outside a fit (``scripts/preconditions.py``, a comparison's step 0): the HF engine installs
-    the filter itself. Same-length prompts (transformers then drops the all-ones mask) and an EOS made likely, so
-    rows finish early and are padded: without the filter the message is printed."""
+    the filter itself, around both of its samplers. Same-length prompts (both then drop the all-ones mask) and an
+    EOS made likely, so rows finish early and are padded: without the filter the message is printed. ``generate``
+    feeds every finished row's pad token back; the static loop drops finished rows from the batch once an eighth
+    of those running have finished, so 64 rows are drawn and EOS is only somewhat likely (+2: at +4 eight or more
+    finish on their first token and are dropped before any pad is fed): a row that finishes first is fed its pad
+    at least once before enough others have."""
     from mutual_rl.data.task import ArithmeticTask
     from mutual_rl.model.policy import build_policy
     from mutual_rl.model.spec import SamplingSpec
@@ -87,7 +92,7 @@ def test_our_generate_drops_the_false_alarm_outside_a_fit(transformers_logger, m
 
     def likely_eos(module, args, out):
         out = out.clone()
-        out[..., eos] += 4.0
+        out[..., eos] += 2.0
         return out
 
     head = policy.model.get_output_embeddings()
@@ -95,11 +100,13 @@ def test_our_generate_drops_the_false_alarm_outside_a_fit(transformers_logger, m
     problems = [Problem(1, "3+4=", "7", "add"), Problem(2, "5+1=", "6", "add")]
     assert len({len(policy.encode_prompt(p.problem)) for p in problems}) == 1  # no padding: the mask is all ones
 
+    engine = hf.HFRolloutEngine(sampler=sampler)
+    assert engine.uses_static_sampler(policy) == (sampler == "static")  # the sampler under test runs
+
     def run() -> list:
         logging.Logger.warning_once.cache_clear()
         torch.manual_seed(0)
-        return [r for g in hf.HFRolloutEngine().generate(policy, problems, SamplingSpec(n=4, max_new_tokens=6), step=0)
-                for r in g]
+        return [r for g in engine.generate(policy, problems, SamplingSpec(n=32, max_new_tokens=6), step=0) for r in g]
 
     try:
         with monkeypatch.context() as m:  # the control: the engine without its filter prints the message
