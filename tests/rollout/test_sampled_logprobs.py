@@ -20,7 +20,9 @@ from tests.rollout.helpers import assert_same_rollouts, sampled
 def test_streamed_logprobs_equal_output_scores(name, lora, top_k, top_p, temperature):
     policy = build_policy(spec("p", name, lora=lora), task=ArithmeticTask(**TASK))
     sampling = SamplingSpec(n=4, max_new_tokens=8, temperature=temperature, top_p=top_p, top_k=top_k)
-    runs = [sampled(policy, sampling, 5, _keep_scores=keep) for keep in (True, False)]
+    # both on generate: the static loop (the CPU default) records no scores; it is checked against generate in
+    # test_static_decode.py
+    runs = [sampled(policy, sampling, 5, _keep_scores=keep, sampler="generate") for keep in (True, False)]
     assert len({len(r.response_ids) for r in runs[0]}) > 1
     assert_same_rollouts(*runs, atol=0)
     for b in runs[1]:
