@@ -2,7 +2,8 @@
 
 Every label runs in one of the tests below: the first covers the driver's outputs, graft_stored (its recording,
 dependency and single-policy receiver runs), the compute table and the step-0 diagnostics; the others the
-remaining labels (each config must exist: a missing one is reported as a skip naming the file)."""
+remaining labels, those that set a regime argument checked to reach the fit (each config must exist: a missing one
+is reported as a skip naming the file)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 from mutual_rl.cli import main
-from mutual_rl.compare.labels import LABELS, config_path, configs_dir
+from mutual_rl.compare.labels import DEFAULT_LABELS, EXTRA_LABELS, LABELS, config_path, configs_dir
 from mutual_rl.compare.runs import scalars
 from mutual_rl.config_files import load_config
 
@@ -142,6 +143,33 @@ def test_compare_new_labels_smoke(tmp_path, capsys):
     assert regimes["graft_successes"]["init_args"]["transfer"] == "successes"
 
 
+REGIME_ARG_LABELS = ["graft_d09", "graft_d05", "graft_d03", "sgt_lam01", "sgt_lam03"]
+
+
+def test_compare_regime_argument_labels_smoke(tmp_path, capsys):
+    """The labels that set a regime argument over their config (GRAFT at other δ, SGT at a fixed λ), run only when
+    named: each runs through the driver, has its rows, and its argument reaches the fit, in the run's config and
+    in the config the fit itself parsed and saved (jsonargparse's, with the regime's class resolved)."""
+    assert set(REGIME_ARG_LABELS) == set(EXTRA_LABELS) and not set(EXTRA_LABELS) & set(DEFAULT_LABELS)
+    out, _ = _smoke(tmp_path, REGIME_ARG_LABELS, capsys)
+    table = (out / "table.md").read_text()
+    expected = {"graft_d09": ("GRAFT", "delta", 0.9), "graft_d05": ("GRAFT", "delta", 0.5),
+                "graft_d03": ("GRAFT", "delta", 0.3), "sgt_lam01": ("SGT", "coef", 0.1),
+                "sgt_lam03": ("SGT", "coef", 0.3)}
+    # (sgt_lam01 pins λ at 0.1, which is also sgt.yaml's today; the other four differ from their configs')
+    for label, (regime, arg, value) in expected.items():
+        assert f"| {label} |" in table, label
+        assert dict(LABELS[label].regime_args) == {arg: value}, label
+        run = out / "runs" / f"{label}-s0"
+        assert (run / "done.json").exists(), label
+        given = yaml.safe_load((run / "config.yaml").read_text())["model"]["regime"]
+        assert given["class_path"] == regime and given["init_args"][arg] == value, (label, given)
+        parsed = yaml.safe_load((run / "tb" / "version_0" / "config.yaml").read_text())["model"]["regime"]
+        assert parsed["class_path"] == f"mutual_rl.regimes.{regime}", (label, parsed)
+        assert parsed["init_args"][arg] == value, (label, parsed)
+        assert _policy_compute(out, label)["policies"]["gpt2"]["steps"] == STEPS
+
+
 def test_compare_other_labels_smoke(tmp_path, capsys):
     """The remaining labels (larger rollout budget, XGRPO, PRP, HACPO, GRAFT's §6.3 cross rules) run through the
     driver."""
@@ -157,7 +185,7 @@ def test_compare_other_labels_smoke(tmp_path, capsys):
     for label in ("hacpo", "graft_hacpo_rule"):
         assert f"| {label} | gpt2 |" in peer_rows and f"| {label} | llama |" in peer_rows, label
     assert _policy_compute(out, "grpo_n32")["policies"]["gpt2"]["rollouts"] == 32 * B * STEPS
-    tested = {"grpo", "grpo_n16", "sgt", "graft", "graft_stored", *NEW_LABELS, *labels}
+    tested = {"grpo", "grpo_n16", "sgt", "graft", "graft_stored", *NEW_LABELS, *REGIME_ARG_LABELS, *labels}
     assert tested == set(LABELS)  # every label is exercised by one of these tests
 
 
