@@ -256,11 +256,15 @@ def test_the_last_engine_of_a_process_takes_vllms_groups_with_it():
     assert lines == ["RESULT True False True True", "REBUILT True"], proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
-def test_fit_through_the_vllm_engine(tmp_path, precision):
+@pytest.mark.parametrize(("precision", "dtype", "engine_dtype"), [
+    ("32-true", "auto", torch.float32), ("bf16-mixed", "float32", torch.float32), ("bf16-mixed", "auto", torch.bfloat16)],
+    ids=["32-true", "bf16-mixed-fp32-engine", "bf16-mixed-bf16-engine"])
+def test_fit_through_the_vllm_engine(tmp_path, precision, dtype, engine_dtype):
     """Two training steps of a heterogeneous pair (gpt2 with LoRA, llama full) with SGT, rollouts from vLLM: every
     update is pushed and verified (probe metrics logged), and the trained weights moved. Under bf16-mixed the sync
-    runs inside the bf16 autocast of the training step; the probe's trainer side runs outside it."""
+    runs inside the bf16 autocast of the training step; the probe's trainer side runs outside it. ``dtype: auto``
+    is the trainer's compute dtype (bf16 under bf16-mixed); a float32 engine under bf16-mixed shows that nothing of
+    the sync is rounded to bf16 by the step's autocast (the LoRA merge: gaps of 6e-4 otherwise)."""
     from mutual_rl.module import MutualRLModule
     from mutual_rl.update.config import GRPOConfig
     from tests.module.helpers import RecordMetrics
@@ -268,14 +272,32 @@ def test_fit_through_the_vllm_engine(tmp_path, precision):
     specs = [spec("gpt2", "tiny:gpt2-bpe", lora=True), spec("llama", "tiny:llama-char")]
     m = MutualRLModule(specs, algorithm=GRPOConfig(num_mini_batches=2), regime="sgt", reward="test_parity",
                        log_samples_every_n_steps=0, eval_at_start=False,
-                       rollout_engine=V.VLLMRolloutEngine(enforce_eager=True, kv_cache_memory_bytes=KV))
+                       rollout_engine=V.VLLMRolloutEngine(enforce_eager=True, kv_cache_memory_bytes=KV, dtype=dtype))
     rec = RecordMetrics()
     t = trainer(tmp_path, max_steps=2, callbacks=[rec], accelerator="gpu" if DEVICE.type == "cuda" else "cpu",
                 precision=precision)
     t.fit(m, datamodule())
     for name, policy in m.policies.items():
-        assert policy.version > 0 and m.engine.llms[name].version == policy.version
+        held = m.engine.llms[name]
+        assert held.llm.llm_engine.vllm_config.model_config.dtype == engine_dtype
+        assert policy.version > 0 and held.version == policy.version
         assert len(rec.rows) == 2 and all(r[f"{name}/sync_s"] > 0 for r in rec.rows)
-        for r in rec.rows:  # every update checked: the engine's probe log-probs moved as the trainer's did
-            assert abs(r[f"{name}/probe_followed"] - 1) < 1e-2 and r[f"{name}/probe_aligned"] > 0.99, r
+        if engine_dtype == torch.float32:
+            assert held.baseline.mean <= 1e-5 and m.engine.margin(policy) == 1e-4
+            for r in rec.rows:  # every update checked: the engine's probe log-probs moved as the trainer's did
+                assert abs(r[f"{name}/probe_followed"] - 1) < 1e-2 and r[f"{name}/probe_aligned"] > 0.99, r
+        else:
+            # bf16 engine: the half-precision margin, and the engine's change equal to the trainer's up to rounding.
+            # sigma is the per-token rms of engine - trainer when the engine was built; the difference of the two
+            # changes, rms(de - dt) = change * sqrt(followed^2 - 2 followed aligned + 1), holds the rounding of
+            # both syncs (about sqrt(2) sigma; measured 0.7-1.7 sigma), where a stale engine's is the whole change
+            sigma = held.baseline.sigma
+            assert 1e-4 < held.baseline.mean <= 2e-2 and m.engine.margin(policy) == 2e-2
+            checked = [r for r in rec.rows if r[f"{name}/probe_followed"] == r[f"{name}/probe_followed"]]
+            assert checked, rec.rows  # changes below 2 sigma are not checked; they add up to the next sync's
+            for r in checked:
+                f, a, change = (r[f"{name}/probe_{k}"] for k in ("followed", "aligned", "change_rms"))
+                assert change >= 2 * sigma and change * max(f * f - 2 * f * a + 1, 0.0) ** 0.5 <= 3 * sigma, (r, sigma)
+        for r in rec.rows:
+            assert r[f"{name}/probe_gap_mean"] <= r[f"{name}/probe_baseline_mean"] + m.engine.margin(policy)
         assert rec.rows[-1][f"{name}/probe_moved_mean"] > 1e-4

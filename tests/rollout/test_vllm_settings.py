@@ -1,7 +1,7 @@
 """The vLLM engine's settings that need no running engine (the engine object is built with vLLM's import stubbed
 out; nothing is generated): pipeline / tensor parallelism refused, gpu_memory_utilization auto or a fraction, the
-engine dtype following the trainer's compute dtype (bf16 under bf16-mixed), and PolicySpec.dtype bfloat16 warned
-like bf16-true."""
+engine dtype following the trainer's compute dtype (bf16 under bf16-mixed) while the probe's margin follows the
+dtypes the probe computes in, and PolicySpec.dtype bfloat16 warned like bf16-true."""
 
 from __future__ import annotations
 
@@ -45,7 +45,11 @@ def test_engine_dtype_follows_the_trainers_compute_dtype(engine_cls):
     policy.autocast_dtype = torch.bfloat16  # trainer.precision bf16-mixed (memory/fit.py sets it at fit start)
     assert engine.resolved_args(policy)["dtype"] == "bfloat16"
     assert engine._dtypes_half(policy)  # the probe's half-precision margin applies
-    assert engine_cls(dtype="float32").resolved_args(policy)["dtype"] == "float32"  # explicit: kept
+    fp32 = engine_cls(dtype="float32")
+    assert fp32.resolved_args(policy)["dtype"] == "float32"  # explicit: kept
+    # the probe's trainer forward runs outside autocast: float32 against a float32 engine, the float32 margin
+    assert not fp32._dtypes_half(policy) and fp32.margin(policy) == 1e-4
+    assert engine_cls(dtype="half")._dtypes_half(policy)  # vLLM's name for float16
     engine.set_planned_utilization({"p": 0.21})
     assert engine.resolved_args(policy)["gpu_memory_utilization"] == 0.21
     fixed = engine_cls(per_policy={"p": {"gpu_memory_utilization": 0.4}})

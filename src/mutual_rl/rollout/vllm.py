@@ -93,6 +93,7 @@ from mutual_rl.rollout.vllm_sync import (
     probe_pairs,
     push_weights,
     trainer_compute_dtype,
+    trainer_probe_dtype,
     trainer_probe_logp,
 )
 from mutual_rl.stats import ProbeStats, SyncStats
@@ -163,8 +164,8 @@ class VLLMRolloutEngine(RolloutEngine):
             enforce_eager: disable CUDA graphs and compilation (faster start-up for tiny models).
             seed: engine seed (+ the rank under several processes); sampling draws from the process's generator.
             probe_margin: allowed growth of the probe's mean gap over the gap recorded when the engine was built
-                (default 1e-4 when engine and trainer compute in float32, max(2e-2, that gap) when either computes
-                in bfloat16/float16).
+                (default 1e-4 when the engine and the trainer's probe forward, which runs outside autocast,
+                compute in float32; max(2e-2, that gap) when either computes in bfloat16/float16).
             probe_every: run the probe after every k-th sync (0 = never; not recommended).
             per_policy: per-policy overrides of the keys above, e.g. {qwen: {max_model_len: 4096}}.
             llm_kwargs: extra vllm.LLM keyword arguments (tensor_parallel_size or pipeline_parallel_size > 1 is
@@ -240,8 +241,10 @@ class VLLMRolloutEngine(RolloutEngine):
         self._planned.update(utilization)
 
     def _dtypes_half(self, policy) -> bool:
-        """Whether the engine or the trainer computes in 16-bit floats (sets the probe's margin and limit)."""
-        return is_half(self.resolved_args(policy)["dtype"], trainer_compute_dtype(policy))
+        """Whether either side of the probe computes in 16-bit floats -- the engine, or the trainer's probe forward,
+        which runs outside autocast (a float32 engine under bf16-mixed compares float32 with float32) -- which
+        sets the probe's margin and limit."""
+        return is_half(self.resolved_args(policy)["dtype"], trainer_probe_dtype(policy))
 
     def _build(self, policy) -> _Held:
         vllm = import_vllm()

@@ -27,7 +27,8 @@ and after each sync requires
 
 * ``mean ≤ baseline mean + margin`` and ``max ≤ 2 * baseline max + 4 * margin`` (:func:`default_margin`: 1e-4
   nats when engine and trainer compute in float32, ``max(2e-2, baseline mean)`` when either computes in bf16/fp16;
-  the trainer's probe forward runs outside autocast), and
+  the trainer's probe forward runs outside autocast, so under ``bf16-mixed`` its side is float32 -- only the
+  engine's dtype, bf16 with ``dtype: auto``, makes it half), and
 * that the engine *followed* the updates: with ``Δt`` the change of the trainer's probe log-probs since the last
   checked sync and ``Δe`` the engine's, ``followed = rms(Δe) / rms(Δt)`` is about 1 for an engine that loaded them
   (rounding noise moves both sides alike) and 0 for a stale one (its outputs do not move), and ``aligned``, the
@@ -231,24 +232,31 @@ def trainer_probe_logp(policy, pairs) -> list[torch.Tensor]:
     return out
 
 
-def trainer_compute_dtype(policy) -> torch.dtype:
-    """The dtype the trainer's forwards compute in: FSDP's ``mixed_precision.param_dtype`` when set, else the
-    autocast dtype of the run's precision (``policy.autocast_dtype``, set when a fit starts: bfloat16 under
-    ``bf16-mixed``), else the parameters' dtype."""
+def trainer_probe_dtype(policy) -> torch.dtype:
+    """The dtype the trainer's side of the probe computes in (:func:`trainer_probe_logp` runs outside autocast):
+    FSDP's ``mixed_precision.param_dtype`` when set, else the parameters' dtype."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     root = next((m for m in policy.model.modules() if isinstance(m, FSDP)), None)
     mixed = getattr(root, "mixed_precision", None) if root is not None else None
     if mixed is not None and getattr(mixed, "param_dtype", None) is not None:
         return mixed.param_dtype
-    params = next(policy.model.parameters()).dtype
+    return next(policy.model.parameters()).dtype
+
+
+def trainer_compute_dtype(policy) -> torch.dtype:
+    """The dtype the trainer's forwards compute in (an engine's ``dtype: auto``): FSDP's
+    ``mixed_precision.param_dtype`` when set, else the autocast dtype of the run's precision
+    (``policy.autocast_dtype``, set when a fit starts: bfloat16 under ``bf16-mixed``), else the parameters' dtype.
+    The probe's trainer side computes without the autocast (:func:`trainer_probe_dtype`)."""
+    dtype = trainer_probe_dtype(policy)
     autocast = getattr(policy, "autocast_dtype", None)
-    return autocast if autocast is not None and params == torch.float32 else params
+    return autocast if autocast is not None and dtype == torch.float32 else dtype
 
 
 def is_half(*dtypes) -> bool:
-    """Whether any of ``dtypes`` (torch dtypes or names) is a 16-bit float."""
-    return any("16" in str(d) for d in dtypes)
+    """Whether any of ``dtypes`` (torch dtypes or names, vLLM's ``half`` included) is a 16-bit float."""
+    return any("16" in str(d) or str(d) == "half" for d in dtypes)
 
 
 def default_margin(half: bool, baseline_mean: float = 0.0) -> float:
