@@ -28,9 +28,9 @@ What is implemented and tested against the real vLLM (its CPU backend, ``tests/r
   top-p applied, as the HF engine's trace and the trainer's tempered ``response_logp``) and
   ``generation_config="vllm"`` (the checkpoint's generation defaults are not applied).
 * **Records** (:func:`build_rollouts`, pure, ``rollout/vllm_records.py``): sampled ids (vLLM keeps the EOS id
-  when it stops on it), log-probs (read column-wise from vLLM's flat log-probs, ``VLLM_FLAT_LOGPROBS=1`` unless the
-  environment sets it: no Python object or loop per token), finish reason, response text (special tokens skipped)
-  and char offsets, exactly as ``rollout/hf.py``.
+  when it stops on it), log-probs (read column-wise from vLLM's flat log-probs, requested per request with
+  ``SamplingParams(flat_logprobs=True)``: no Python object or loop per token), finish reason, response text (special
+  tokens skipped) and char offsets, exactly as ``rollout/hf.py``.
 * **Greedy evaluation** (:meth:`VLLMRolloutEngine.generate_greedy`): temperature 0 through the engine, used by the
   evaluator in place of Hugging Face ``generate``.
 * **Dtype and memory**: ``dtype: auto`` is the trainer's compute dtype (bf16 under ``bf16-mixed``), and
@@ -173,7 +173,6 @@ class VLLMRolloutEngine(RolloutEngine):
         """
         import_vllm()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine core: direct loads (checked)
-        os.environ.setdefault("VLLM_FLAT_LOGPROBS", "1")  # log-probs as flat columns (rollout/vllm_records.py)
         self.defaults = dict(gpu_memory_utilization=gpu_memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
                              enable_sleep_mode=enable_sleep_mode, dtype=dtype, max_model_len=max_model_len,
                              enforce_eager=enforce_eager, seed=seed)

@@ -73,7 +73,9 @@ def _node_ram() -> int:
 
 def flat_logprobs(vllm) -> dict:
     """``{"flat_logprobs": True}`` where vLLM's ``SamplingParams`` takes that field (the flat log-prob columns per
-    request); else nothing (``VLLM_FLAT_LOGPROBS=1``, set by the engine, asks for them process-wide)."""
+    request; every vLLM with ``reload_weights``, 0.32 on, has it; the ``VLLM_FLAT_LOGPROBS`` environment variable
+    it replaced is gone, vllm#28914, and vLLM 0.32 warns of it as unknown); else nothing (the nested form, read per
+    token)."""
     fields = getattr(vllm.SamplingParams, "__struct_fields__", None) or getattr(
         vllm.SamplingParams, "__dataclass_fields__", {})
     return {"flat_logprobs": True} if "flat_logprobs" in fields else {}

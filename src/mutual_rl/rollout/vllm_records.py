@@ -1,11 +1,11 @@
 """Records from vLLM's outputs (pure: no vllm import): :class:`~mutual_rl.types.Rollout` records from ``RequestOutput`` objects
 and the sampled tokens' log-probs, read column-wise.
 
-vLLM returns a completion's log-probs either as ``FlatLogprobs`` (``VLLM_FLAT_LOGPROBS=1``, which
-``VLLMRolloutEngine`` sets unless the environment sets it: a few flat columns, ``token_ids``, ``logprobs``,
-``start_indices``, no Python object per token) or as one ``{id: Logprob}`` dict per token. From the flat form the
-sampled tokens' log-probs are one gather over the columns (:func:`sampled_logprobs`); the nested form, when a
-user sets ``VLLM_FLAT_LOGPROBS=0``, still takes one dictionary look-up per token.
+vLLM returns a completion's log-probs either as ``FlatLogprobs`` (``SamplingParams(flat_logprobs=True)``, which
+``VLLMRolloutEngine`` asks for: a few flat columns, ``token_ids``, ``logprobs``, ``start_indices``, no Python object
+per token) or as one ``{id: Logprob}`` dict per token. From the flat form the sampled tokens' log-probs are one
+gather over the columns (:func:`sampled_logprobs`); the nested form (a request without ``flat_logprobs``) still
+takes one dictionary look-up per token.
 """
 
 from __future__ import annotations
