@@ -54,6 +54,7 @@ def test_flat_columns_with_another_first_token_are_refused():
         sampled_logprobs(flat, [5])
 
 
+@pytest.mark.vllm  # run by the vllm lane (pytest -m vllm), where vllm is installed
 def test_vllms_own_flat_logprobs():
     logprobs = pytest.importorskip("vllm.logprobs")
     flat = logprobs.create_sample_logprobs(flat_logprobs=True)
