@@ -134,10 +134,11 @@ class ComplementarityCounts(Metric):
         correct = torch.as_tensor(correct, device=self.all_fail.device).long().reshape(-1, self.num_policies)
         fail = (correct == 0).long()  # [P, N]
         self.all_fail += fail.sum(0)
-        self.solved += fail.T @ (correct > 0).long()  # [N, N]; diagonal is 0 (fail and solve exclude)
+        # [N, N] counts as a sum of outer products over problems (CUDA has no integer matmul); diagonal 0
+        self.solved += (fail.unsqueeze(2) * (correct > 0).long().unsqueeze(1)).sum(0)
         if samples is not None:
             samples = torch.as_tensor(samples, device=correct.device).long().reshape(correct.shape)
-            self.all_pass += fail.T @ ((correct == samples) & (samples > 0)).long()
+            self.all_pass += (fail.unsqueeze(2) * ((correct == samples) & (samples > 0)).long().unsqueeze(1)).sum(0)
 
     def compute(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.all_fail, self.solved, self.all_pass
