@@ -9,11 +9,9 @@ and exports.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Literal
 
-import torch
 from lightning.pytorch import LightningModule
 from torch import nn
 
@@ -41,7 +39,13 @@ from mutual_rl.resume import (
 from mutual_rl.rewards import RewardTerm, build_reward
 from mutual_rl.rng import rng_state, set_rng_state
 from mutual_rl.rollout import RolloutEngine, get_engine
-from mutual_rl.step.dynamic import check_dynamic_sampling
+from mutual_rl.step.build import (
+    build_optimizers,
+    decay_ends,
+    prepare_policies,
+    receiver_regimes,
+    subscribe_receivers,
+)
 from mutual_rl.step.pipeline import StepContext, run_step
 from mutual_rl.step_metrics import (
     fill_absent,
@@ -49,11 +53,9 @@ from mutual_rl.step_metrics import (
     log_samples,
     warn_on_collapse,
 )
-from mutual_rl.strategies import has_activation_checkpointing
 from mutual_rl.threads import check_num_threads, configure_threads
 from mutual_rl.types import PromptBatch
 from mutual_rl.update.config import GRPOConfig
-from mutual_rl.update.schedule import decay_end
 from mutual_rl.warnings_filters import ignore_inapplicable_warnings, warn_on_true_half_precision
 
 
@@ -137,12 +139,8 @@ class MutualRLModule(LightningModule):
         self.algorithm = algorithm or GRPOConfig()
         shared = as_regime(regime)
         self.regime_name = regime_name(shared)
-        # every receiver its own instance (regimes may keep state); one source of success_threshold
-        self.regimes = {p.name: copy.deepcopy(as_regime(p.regime) if p.regime is not None else shared)
-                        for p in self.specs}
-        for r in self.regimes.values():
-            r.success_threshold = self.algorithm.success_threshold
-        check_dynamic_sampling(self.algorithm, self.specs, self.regimes)  # only without sharing
+        # every receiver its own copy (step/build.py, as StepContext.from_policies); dynamic sampling checked
+        self.regimes = receiver_regimes(self.specs, shared, self.algorithm)
         self._own_exchange = None
         self.budgets: dict = {}  # policy -> budget (n, max_new_tokens, update), set by the MWRA callback per step
         self.reward_name = reward
@@ -214,20 +212,17 @@ class MutualRLModule(LightningModule):
         return [SigtermCheckpoint(), RolloutFaultCheckpoint()]
 
     def configure_optimizers(self):
-        """One AdamW per policy, in ``model.policies`` order, with that policy's ``optimizer`` settings.
+        """One AdamW per policy, in ``model.policies`` order, with that policy's ``optimizer`` settings
+        (:func:`mutual_rl.step.build.build_optimizers`, as :meth:`StepContext.from_policies`).
 
         Resuming restores each AdamW's state *and* its checkpointed settings; a post-load hook then puts back the
         configured ``lr``, ``betas``, ``weight_decay`` and ``eps`` (:func:`mutual_rl.resume.apply_optimizer_settings`).
         """
-        opts = []
+        opts = build_optimizers(self.specs, self.policies)
         for spec in self.specs:
-            params = [p for p in self.policies[spec.name].parameters() if p.requires_grad]
-            o = spec.optimizer
-            opt = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, eps=o.eps)
-            opt.register_load_state_dict_post_hook(
+            opts[spec.name].register_load_state_dict_post_hook(
                 lambda optimizer, spec=spec: apply_optimizer_settings(spec, optimizer, self.print))
-            opts.append(opt)
-        return opts
+        return [opts[spec.name] for spec in self.specs]
 
     @property
     def exchange(self):
@@ -242,9 +237,7 @@ class MutualRLModule(LightningModule):
                 self._own_exchange = ExperienceExchange()
             ex = self._own_exchange
         if not getattr(ex, "_mutual_rl_subscribed", False):
-            for spec in self.specs:
-                regime = self.regimes[spec.name]
-                ex.subscribe(spec.name, set(regime.subscribes), regime=regime_name(regime))
+            subscribe_receivers(ex, self.specs, self.regimes)
             ex._mutual_rl_subscribed = True
         return ex
 
@@ -392,16 +385,12 @@ class MutualRLModule(LightningModule):
                            "set model.export_dir to a folder you can write (default: <log_dir>/export)")
 
     def on_fit_start(self) -> None:
-        self._decay_ends = {s.name: decay_end(s.optimizer, self.trainer.max_steps, s.name) for s in self.specs}
+        self._decay_ends = decay_ends(self.specs, self.trainer.max_steps)
         if rank_and_world()[1] > 1 and not all(lockstep_needed(p.model) for p in self.policies.values()):
             raise ValueError("training with several processes needs trainer.strategy MutualFSDPStrategy "
                              "(mutual_rl.strategies): each rank trains its own prompts, and only that strategy keeps "
                              "the ranks' passes in lockstep with global loss normalisers. DDP is not supported.")
-        for policy in self.policies.values():
-            # FSDP over several ranks: one forward per response_logp call, always (lockstep). Activation
-            # checkpointing: the shared prompt's key/value cache would be appended to again when recomputed.
-            if lockstep_needed(policy.model) or has_activation_checkpointing(policy.model):
-                policy.share_prompts = False
+        prepare_policies(self.policies)  # no shared prompt forward under lockstep or activation checkpointing
         from mutual_rl.memory.fit import plan_before_fit
 
         # autocast dtype per policy; on CUDA the memory plan before step 0 (memory/plan.py), kept for inspection

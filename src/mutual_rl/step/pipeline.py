@@ -18,7 +18,8 @@ step's start), kept until the step is finished from ``sync_weights`` (:mod:`mutu
 
 The host -- :class:`mutual_rl.module.MutualRLModule` under Lightning, or a script -- supplies a :class:`StepContext`:
 the policies, regimes, engine, exchange, reward and optimizers, and how to run a backward pass and an optimizer step.
-Logging, step counters, checkpoints and exports stay with the host.
+Both hosts set it up with the one builder, :mod:`mutual_rl.step.build` (a script through
+:meth:`StepContext.from_policies`). Logging, step counters, checkpoints and exports stay with the host.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from mutual_rl.model.spec import PolicySpec
 from mutual_rl.regimes.crossing import thl_residual
 from mutual_rl.rewards import RewardError
 from mutual_rl.rng import rng_state
+from mutual_rl.step.build import build_optimizers, prepare_policies, receiver_regimes, subscribe_receivers
+from mutual_rl.step.build import decay_ends as policy_decay_ends
 from mutual_rl.step.dynamic import Sampled, dynamic_sample, sample_round
 from mutual_rl.step.faults import RolloutFault, collect_sync_faults, engine_name, raise_fault_together
 from mutual_rl.step.report import PolicyStepReport, StepReport, reduce_over_ranks
@@ -78,36 +81,36 @@ class StepContext:
     @classmethod
     def from_policies(cls, policies: Sequence, regime: Regime | str = "none", *, reward: str | Callable = "integer_match",
                       algorithm: GRPOConfig | None = None, engine: RolloutEngine | None = None,
-                      exchange=None, **kwargs) -> StepContext:
-        """A step over built policies (:func:`mutual_rl.model.build_policy`) outside Lightning, set up as the module
-        sets up its own: each receiver its own copy of ``regime`` (a :class:`Regime` or a registered name) with
-        ``algorithm.success_threshold``, one AdamW per policy with its ``optimizer`` settings, an
-        :class:`~mutual_rl.exchange.ExperienceExchange` (nothing stored) each receiver is subscribed to, the HF
-        engine and ``reward`` (a registered name, ``module:function`` or a callable). ``kwargs``: the other fields."""
-        import copy
+                      exchange=None, max_steps: int | None = None, **kwargs) -> StepContext:
+        """A step over built policies (:func:`mutual_rl.model.build_policy`; with ``needs_reference=True`` when
+        ``algorithm.kl_coef > 0``) outside Lightning, set up by the builder ``mutual-rl fit`` uses
+        (:mod:`mutual_rl.step.build`): each receiver its own copy of its regime -- the policy's own
+        ``spec.regime``, else ``regime`` (a :class:`Regime` or a registered name) -- with
+        ``algorithm.success_threshold``; an :class:`~mutual_rl.exchange.ExperienceExchange` (nothing stored) each
+        receiver is subscribed to; one AdamW per policy with its ``optimizer`` settings; the step each policy's
+        learning-rate decay ends (its ``optimizer.decay_steps``, else ``max_steps``, as ``trainer.max_steps`` under
+        ``mutual-rl fit``: a cosine or linear schedule needs one of them); the HF engine and ``reward`` (a
+        registered name, ``module:function`` or a callable). ``kwargs``: the other fields.
 
+        Run with the same policies, batches and sampling streams (:mod:`mutual_rl.rng`), ``run_step`` on this
+        context gives the weights and reports of ``mutual-rl fit`` (``tests/step/test_one_py``)."""
         from mutual_rl.exchange import ExperienceExchange
-        from mutual_rl.regimes import as_regime, regime_name
         from mutual_rl.rewards import build_reward
         from mutual_rl.rollout import HFRolloutEngine
 
         algorithm = algorithm or GRPOConfig()
-        regimes = {}
-        for p in policies:
-            regimes[p.name] = copy.deepcopy(as_regime(regime))
-            regimes[p.name].success_threshold = algorithm.success_threshold
+        specs = [p.spec for p in policies]
+        by_name = {p.name: p for p in policies}
+        regimes = receiver_regimes(specs, regime, algorithm)
         exchange = exchange if exchange is not None else ExperienceExchange()
-        for name, r in regimes.items():
-            exchange.subscribe(name, set(r.subscribes), regime=regime_name(r))
-        optimizers = {}
-        for p in policies:
-            o = p.spec.optimizer
-            optimizers[p.name] = torch.optim.AdamW([x for x in p.parameters() if x.requires_grad], lr=o.lr,
-                                                   betas=o.betas, weight_decay=o.weight_decay, eps=o.eps)
-        return cls(specs=[p.spec for p in policies], policies={p.name: p for p in policies}, regimes=regimes,
-                   algorithm=algorithm, engine=engine or HFRolloutEngine(), exchange=exchange,
-                   reward_fn=build_reward(reward) if isinstance(reward, str) else reward, optimizers=optimizers,
-                   **kwargs)
+        subscribe_receivers(exchange, specs, regimes)
+        prepare_policies(by_name)
+        if "decay_ends" not in kwargs:
+            kwargs["decay_ends"] = policy_decay_ends(specs, max_steps)
+        return cls(specs=specs, policies=by_name, regimes=regimes, algorithm=algorithm,
+                   engine=engine or HFRolloutEngine(), exchange=exchange,
+                   reward_fn=build_reward(reward) if isinstance(reward, str) else reward,
+                   optimizers=build_optimizers(specs, by_name), **kwargs)
 
 
 def run_step(ctx: StepContext, batch: PromptBatch, step: int) -> StepReport:
