@@ -11,18 +11,22 @@ Beyond Lightning's CLI:
   run's checkpoint folders (:func:`~mutual_rl.callbacks.checkpointing.find_last_checkpoint`); with none, a printed
   warning and a start from scratch, as Lightning does (``--resume_required true``: an error naming where it looked);
 * a checkpoint's ``hyper_parameters`` are never merged into the configuration (Lightning would): a printed note;
+* a parse error (an unknown key, a value of the wrong type, a missing config file) is one paragraph naming the file
+  or flag, the full key, what it accepts and the fix, exit status 2 (:class:`MutualRLArgumentParser`);
 * a progress bar of steps by default (:class:`~mutual_rl.callbacks.progress.StepProgressBar`: step / max_steps,
   s/step, ETA, each policy's reward).
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 from pathlib import Path
 
 import yaml
 from jsonargparse import Namespace, set_parsing_settings
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from mutual_rl.callbacks.checkpointing import (
@@ -33,7 +37,7 @@ from mutual_rl.callbacks.checkpointing import (
     refuse_web_url,
     verify_checkpoint_file,
 )
-from mutual_rl.cli_errors import report_errors, start_running
+from mutual_rl.cli_errors import parse_error_paragraph, report_errors, start_running
 from mutual_rl.config_files import expand_config_bases
 from mutual_rl.data.datamodule import PromptDataModule
 from mutual_rl.distributed import destroy_process_group
@@ -65,6 +69,23 @@ TRAINER_HIDDEN = (
 )
 
 
+class MutualRLArgumentParser(LightningArgumentParser):
+    """Lightning's parser whose parse errors (an unknown key, a wrong type, a missing config file) are one
+    paragraph naming the file, the full key, what it accepts and the fix (:func:`~mutual_rl.cli_errors.
+    parse_error_paragraph`), exit status 2, instead of the usage line and jsonargparse's message;
+    ``MUTUAL_RL_DEBUG=1``: the exception with its traceback."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error:
+            return super().error(message, ex)
+        if os.environ.get("MUTUAL_RL_DEBUG") == "1":
+            raise argparse.ArgumentError(None, message) from ex
+        argv = getattr(self, "args", None)
+        print(parse_error_paragraph(message, self, list(argv) if isinstance(argv, (list, tuple)) else sys.argv[1:]),
+              file=sys.stderr, flush=True)
+        self.exit(2)
+
+
 class MutualRLCLI(LightningCLI):
     """LightningCLI for :class:`MutualRLModule` and :class:`PromptDataModule` (module docstring)."""
 
@@ -90,6 +111,7 @@ class MutualRLCLI(LightningCLI):
                         "[--trainer.KEY VALUE] [--model.KEY VALUE] [--data.KEY VALUE] ...")
 
     def __init__(self, *args, **kwargs):
+        kwargs.setdefault("parser_class", MutualRLArgumentParser)
         kwargs["auto_configure_optimizers"] = False  # per-policy optimizers: configure_optimizers is the module's
         super().__init__(*args, **kwargs)
 

@@ -104,6 +104,9 @@ def _base_list(path: Path, data) -> list[Path]:
     out = []
     for base in bases if isinstance(bases, list) else [bases]:
         target = (path.parent / str(base)).resolve()
+        if target.is_dir():
+            raise SystemExit(f"config {path}: base: {base} is a folder ({target}), not a config file; give the base "
+                             "config's path relative to this file (e.g. base: base.yaml).")
         if not target.is_file():
             raise SystemExit(f"config {path}: base: {base} is not a file ({target} does not exist); give the base "
                              "config's path relative to this file.")
