@@ -14,6 +14,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 
 from mutual_rl.config_files import expand_config_bases, load_config
 from mutual_rl.data.datamodule import PromptDataModule
+from tests.reliability.one_glance import one_glance, reported
 
 
 @pytest.fixture(autouse=True)
@@ -81,6 +82,9 @@ def test_tab_in_a_config_file_through_the_cli(tmp_path):
     with pytest.raises(SystemExit) as err:
         main(["fit", "--config", str(cfg)])
     assert str(err.value.code).startswith(f"config {cfg}: line 2, column 1: a tab character: YAML forbids tabs")
+    code, report = reported(err.value, running=False)  # what the mutual-rl command prints for it
+    assert code == 2
+    one_glance(report, f"mutual-rl: configuration error: config {cfg}: line 2, column 1", "\\tmax_steps: 1")
 
 
 # ----------------------------------------------------------------------------- base: keeps relative paths

@@ -25,6 +25,7 @@ from mutual_rl.rollout import get_engine
 from mutual_rl.types import Problem
 from mutual_rl.update.config import GRPOConfig
 from tests.module.helpers import datamodule, pair, spec, trainer
+from tests.reliability.one_glance import one_glance
 
 
 def _p(name: str = "a", **kw) -> PolicySpec:
@@ -121,6 +122,7 @@ def test_optimizer_option_is_a_parse_error_naming_the_per_policy_setting(capsys)
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--optimizer is not an option of mutual-rl" in err and "model.policies[i].optimizer" in err
+    one_glance(err, "--optimizer", "model.policies[i].optimizer", head="mutual-rl: configuration error: ")
 
 
 @pytest.mark.slow
@@ -128,10 +130,12 @@ def test_optimizer_key_in_a_config_file_is_a_parse_error(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"lr_scheduler": {"class_path": "torch.optim.lr_scheduler.StepLR"},
                                    "model": {"policies": [{"name": "a", "model": "tiny:gpt2-bpe"}]}}))
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         main(["fit", "--config", str(cfg)])
+    assert e.value.code == 2
     err = capsys.readouterr().err
     assert f"lr_scheduler (in {cfg}) is not an option of mutual-rl" in err and "model.policies[i].optimizer" in err
+    one_glance(err, f"lr_scheduler (in {cfg})", head="mutual-rl: configuration error: ")
 
 
 @pytest.mark.slow
@@ -196,9 +200,13 @@ def test_removed_regime_args_key_is_a_parse_error_naming_it(tmp_path, capsys):
     cfg = tmp_path / "old.yaml"
     cfg.write_text("model:\n  policies: [{name: a, model: tiny:gpt2-bpe}, {name: b, model: tiny:llama-char}]\n"
                    "  regime: sgt\n  regime_args: {coef: 0.3}\n")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         main(["fit", "--config", str(cfg), "--print_config"])
-    assert "regime_args" in capsys.readouterr().err
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "regime_args" in err
+    one_glance(err, f"config {cfg}: model.regime_args is not a setting", "model.regime",
+               head="mutual-rl: configuration error: ")
 
 
 @pytest.mark.slow

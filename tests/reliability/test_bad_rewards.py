@@ -16,7 +16,6 @@ import pytest
 import torch
 import yaml
 
-from mutual_rl.cli_errors import MAX_LINES
 from mutual_rl.model.spec import PolicySpec, SamplingSpec, WarmStart
 from mutual_rl.module import MutualRLModule
 from mutual_rl.rewards import RewardError
@@ -24,6 +23,7 @@ from mutual_rl.rewards.reward_worker import alive
 from mutual_rl.stats import flatten
 from mutual_rl.step.pipeline import StepContext, sample_policy
 from mutual_rl.types import Problem, PromptBatch, Rollout
+from tests.reliability.one_glance import one_glance
 
 HERE = "tests.rewards.bad_rewards"  # standard library only: each worker (re)start imports it
 
@@ -163,15 +163,11 @@ def _fit(tmp_path: Path, reward: str, cwd: Path, **model) -> subprocess.Complete
                           text=True, timeout=300)
 
 
-def _reported_error(out: subprocess.CompletedProcess) -> str:
+def _reported_error(out: subprocess.CompletedProcess, *names: str) -> str:
     """The command's error report (``mutual_rl/cli_errors.py``): one paragraph from ``mutual-rl: error: `` to the end
-    of stderr, at most ``MAX_LINES`` lines, with no traceback before it."""
-    assert "Traceback" not in out.stderr, out.stderr[-3000:]
-    lines = out.stderr.strip().splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith("mutual-rl: error: ")), None)
-    assert start is not None, out.stderr[-3000:]
-    assert len(lines) - start <= MAX_LINES, out.stderr[-3000:]
-    return "\n".join(lines[start:])
+    of stderr, at most ``MAX_LINES`` lines (not cut to fit), with no traceback before it, naming ``names``
+    (:func:`tests.reliability.one_glance.one_glance`)."""
+    return one_glance(out.stderr, *names, head="mutual-rl: error: ")
 
 
 @pytest.mark.slow
@@ -179,7 +175,7 @@ def _reported_error(out: subprocess.CompletedProcess) -> str:
 def test_a_reward_that_calls_sys_exit_ends_the_run_with_an_error_naming_it(tmp_path, fn, what):
     out = _fit(tmp_path, f"{HERE}:{fn}", cwd=tmp_path)
     assert out.returncode == 1, out.stderr[-3000:]  # not 0 (a scheduler's success), not the reward's 3
-    report = _reported_error(out)
+    report = _reported_error(out, f"reward '{HERE}:{fn}'", "policy 'char'")
     assert report.startswith(f"mutual-rl: error: reward '{HERE}:{fn}' {what} (policy 'char', prompt "), report
     assert "it may not end its process" in report, report
     assert not (tmp_path / "out" / "export" / "char").exists()  # stopped before the end of fit
@@ -190,7 +186,7 @@ def test_a_reward_whose_pool_hangs_ends_the_run_and_leaves_no_process(tmp_path):
     (tmp_path / "pids").touch()
     out = _fit(tmp_path, f"{HERE}:pool_hangs", cwd=tmp_path, reward_timeout_s=1.0)
     assert out.returncode == 1, out.stderr[-3000:]
-    report = _reported_error(out)
+    report = _reported_error(out, f"reward '{HERE}:pool_hangs'", "policy 'char'")
     assert report.startswith(f"mutual-rl: error: reward '{HERE}:pool_hangs' did not return within 1 s (policy 'char', "
                              "prompt "), report
     pids = [int(p) for p in (tmp_path / "pids").read_text().split()]

@@ -26,6 +26,7 @@ from mutual_rl.exchange.store import stored_steps
 from mutual_rl.presets.store import build_once
 from tests.exchange.helpers import fit_exchange
 from tests.module.helpers import module, pair
+from tests.reliability.one_glance import one_glance, reported
 
 
 @pytest.fixture(autouse=True)
@@ -134,6 +135,10 @@ def test_a_pickle_checkpoint_is_refused_naming_the_path_and_never_suggesting_wei
     assert "weights_only=False" not in msg and "Resume from a checkpoint of your own run" in msg
     assert e.value.__cause__ is None and e.value.__suppress_context__  # torch's advice is not shown either
     assert not marker.exists()
+    code, report = reported(e.value, running=False)  # refused by the --ckpt_path check, before any model is built
+    assert code == 2
+    one_glance(report, f"mutual-rl: configuration error: checkpoint {str(evil)!r} was refused",
+               "Resume from a checkpoint of your own run")
 
 
 def test_ckpt_path_last_with_nothing_to_resume_warns_and_starts_from_scratch(tmp_path, capsys):

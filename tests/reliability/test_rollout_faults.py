@@ -16,9 +16,9 @@ import torch
 import yaml
 
 from mutual_rl.cli import main
-from mutual_rl.cli_errors import MAX_LINES
 from mutual_rl.step.faults import RolloutFault
 from tests.module.helpers import fit_command, subprocess_env
+from tests.reliability.one_glance import one_glance, reported
 
 N_STEPS = 3
 
@@ -116,6 +116,10 @@ def test_a_fault_in_sync_weights_finishes_the_step_checkpoints_it_and_resumes_bi
         f"again. Checkpoint saved to {last} (the state after step 1; the engine loads its weights from it); to "
         f"resume, run the same command with --ckpt_path last (or --ckpt_path {last}).")
     assert isinstance(e.value.__cause__, RuntimeError)
+    code, report = reported(e.value, running=True)  # what the mutual-rl command prints for it
+    assert code == 1
+    one_glance(report, "mutual-rl: error: the rollout engine (FailingEngine) of policy 'gpt2' failed in sync_weights "
+               "at step 1", f"--ckpt_path {last}", head="mutual-rl: error: ")
     assert torch.load(last, weights_only=True)["global_step"] == 2
     _same_logged(full_run[1], _rows(tmp_path, "synced", 0), [0, 1])  # step 1 was logged before the stop
     main(["fit", "--config", str(cfg), "--ckpt_path", "last"])
@@ -138,7 +142,7 @@ def test_a_fault_in_generate_is_one_paragraph_exit_1_checkpoints_and_resumes_bit
         "RuntimeError: CUDA error: an illegal memory access was encountered (injected in generate). Checkpoint "
         f"saved to {last} (the state before step 1, nothing of it kept); to resume, run the same command with "
         f"--ckpt_path last (or --ckpt_path {last})."]
-    assert len(lines[head:]) <= MAX_LINES and "Traceback" not in proc.stderr
+    one_glance(proc.stderr, "policy 'llama'", "failed in generate at step 1", head="mutual-rl: error: ")
     assert torch.load(last, weights_only=True)["global_step"] == 1
     resumed = subprocess.run(fit_command(cfg, "--ckpt_path", "last"), cwd=tmp_path, env=subprocess_env(),
                              capture_output=True, text=True, timeout=600)

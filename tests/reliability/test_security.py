@@ -20,6 +20,7 @@ from mutual_rl.callbacks.checkpointing import AtomicCheckpointIO, CheckpointRefu
 from mutual_rl.cli import MutualRLCLI, main
 from mutual_rl.data.datamodule import PromptDataModule
 from mutual_rl.module import MutualRLModule
+from tests.reliability.one_glance import one_glance, reported
 
 
 @pytest.fixture(autouse=True)
@@ -87,9 +88,12 @@ def test_a_pickle_served_over_http_is_refused_and_never_run(tmp_path, http_serve
     url, served = http_server
     marker = tmp_path / "PWNED"
     _malicious_checkpoint(served / "evil.ckpt", marker)
-    with pytest.raises(ValueError, match=r"ckpt_path 'http://127\.0\.0\.1:\d+/evil\.ckpt' is a web URL.*curl"):
+    with pytest.raises(ValueError, match=r"ckpt_path 'http://127\.0\.0\.1:\d+/evil\.ckpt' is a web URL.*curl") as e:
         main(["fit", "--config", str(_cfg(tmp_path)), "--ckpt_path", f"{url}/evil.ckpt"])
     assert not marker.exists()
+    code, report = reported(e.value, running=False)  # what the mutual-rl command prints for it
+    assert code == 2
+    one_glance(report, f"ckpt_path '{url}/evil.ckpt' is a web URL", "curl", head="mutual-rl: configuration error: ")
     # the checkpoint plugin refuses it too (Trainer.fit(ckpt_path=url) from Python)
     with pytest.raises(ValueError, match="is a web URL"):
         AtomicCheckpointIO().load_checkpoint(f"{url}/evil.ckpt")
@@ -132,9 +136,13 @@ def test_a_directory_ckpt_path_is_refused_at_once_listing_its_checkpoints(tmp_pa
     ckpts.mkdir(parents=True)
     torch.save({"x": 1}, ckpts / "last.ckpt")
     start = time.perf_counter()
-    with pytest.raises(IsADirectoryError, match=rf"checkpoint '{ckpts}' is a directory.*'{ckpts}/last\.ckpt'"):
+    with pytest.raises(IsADirectoryError, match=rf"checkpoint '{ckpts}' is a directory.*'{ckpts}/last\.ckpt'") as e:
         main(["fit", "--config", str(_cfg(tmp_path)), "--ckpt_path", str(ckpts)])
     assert time.perf_counter() - start < 5  # before any model is built
+    code, report = reported(e.value, running=False)
+    assert code == 2
+    one_glance(report, f"checkpoint '{ckpts}' is a directory", f"'{ckpts}/last.ckpt'",
+               head="mutual-rl: configuration error: ")
 
 
 def _fake_last(folder: Path, age_s: float) -> Path:
@@ -158,8 +166,11 @@ def test_ckpt_path_last_finds_the_newest_last_ckpt_across_version_folders(tmp_pa
 
 
 def test_ckpt_path_last_with_nothing_to_resume_and_resume_required_is_an_error_naming_where_it_looked(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no last\.ckpt of this run.*run/checkpoints/last\*\.ckpt"):
+    with pytest.raises(FileNotFoundError, match=r"no last\.ckpt of this run.*run/checkpoints/last\*\.ckpt") as e:
         main(["fit", "--config", str(_cfg(tmp_path)), "--ckpt_path", "last", "--resume_required", "true"])
+    code, report = reported(e.value, running=False)
+    assert code == 2
+    one_glance(report, "no last.ckpt of this run", "run/checkpoints/last*.ckpt", head="mutual-rl: configuration error: ")
 
 
 def test_find_last_checkpoint_prefers_model_checkpoint_dirpath(tmp_path):

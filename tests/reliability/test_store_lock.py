@@ -23,6 +23,7 @@ from mutual_rl.exchange.lock import LOCK_NAME, StoreLock, check_not_being_record
 from mutual_rl.exchange.store import StoreInUseError, stored_steps
 from tests.exchange.helpers import fit_exchange
 from tests.module.helpers import fit_command, subprocess_env
+from tests.reliability.one_glance import one_glance
 
 STEPS, PAUSE_AT = 3, 1
 
@@ -91,6 +92,7 @@ def test_a_second_run_and_a_replay_are_refused_while_a_run_records_into_the_fold
 
         second = _run(fit_command(_cfg(tmp_path, "second", {"store_dir": str(store)})), tmp_path)
         assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr[-3000:]
+        one_glance(second.stderr, f"store_dir {store}", f"pid {first.pid}", head="mutual-rl: error: ")
         assert (f"mutual-rl: error: store_dir {store} is being recorded right now by another run: pid {first.pid}, "
                 "started " in second.stderr), second.stderr[-3000:]
         assert f"command: {sys.executable} -m mutual_rl.cli fit --config {first_cfg}" in second.stderr
@@ -100,6 +102,7 @@ def test_a_second_run_and_a_replay_are_refused_while_a_run_records_into_the_fold
                                                              "store_dir": str(tmp_path / "replayed")},
                                        policy="llama", regime="sgt")), tmp_path)
         assert replay.returncode == 1 and "Traceback" not in replay.stderr
+        one_glance(replay.stderr, f"replay_dir {store}", f"pid {first.pid}", head="mutual-rl: error: ")
         assert f"mutual-rl: error: replay_dir {store} is being recorded right now by another run: pid {first.pid}" in replay.stderr, \
             replay.stderr[-3000:]
         assert "Replay it after that run has ended" in replay.stderr
