@@ -126,8 +126,9 @@ class MutualRLCLI(LightningCLI):
             if flag is not None:
                 parser.error(
                     f"{flag} is not an option of mutual-rl: each policy has its own AdamW, set per policy under "
-                    "model.policies[i].optimizer (lr, betas, weight_decay, eps, grad_clip) in the config file; "
-                    "the learning rate is constant (no lr_scheduler)."
+                    "model.policies[i].optimizer (lr, betas, weight_decay, eps, grad_clip) in the config file, "
+                    "with its learning-rate schedule there too (warmup_steps, schedule: constant | cosine | linear, "
+                    "decay_steps, min_lr_ratio; no lr_scheduler)."
                 )
         if expanded:
             self.config = parser.parse_args(argv)

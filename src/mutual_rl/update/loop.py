@@ -22,8 +22,9 @@ Rollout correction (``algorithm.rollout_correction``, ``algorithms/rollout_corre
 replaces an engine's trace, the mismatch is measured (``UpdateStats.rollout``) and, under ``tis`` / ``mis``, each
 token's behaviour term is weighted by ``min(π_trainer/π_engine, cap)`` or masked past the cap.
 
-Objectives come from the ``update.objectives`` registry (``dapo`` by default; regimes may register their own,
-e.g. HACPO's sequence-level objective); the NLL term of mini-batch ``i`` is added before its optimizer step.
+Objectives come from the ``update.objectives`` registry, all defined in that module (``dapo`` by default;
+``prp_tis``, HACPO's sequence-level ``hacpo`` and ``ftis``, named by a regime's plan); the NLL term of mini-batch
+``i`` is added before its optimizer step.
 """
 
 from __future__ import annotations
