@@ -78,7 +78,29 @@ def run_pinned(name, key, tmp: Path, seed, warmstart, task, prompt_template, cha
     return info
 
 
+def exit_with_parent(poll_s: float = 1.0) -> None:
+    """End this worker (exit 1) once the process that started it is gone: a trainer killed by a signal (an
+    operator, a scheduler, the out-of-memory killer) cannot end its worker, which would otherwise build on, holding a
+    core, for as long as the warm-up takes. A daemon thread polls the parent pid (the worker is re-parented when its
+    parent dies); the build's temporary folder, named by the parent's pid, is left behind (the next build of the
+    preset starts in its own)."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        print(f"mutual-rl preset build: the process that started this build (pid {parent}) is gone; stopping.",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(path: str) -> None:
+    exit_with_parent()
     from mutual_rl.model.spec import WarmStart
     from mutual_rl.presets.build import build_here
 
