@@ -7,7 +7,7 @@ memory plan on ``auto``, ``rollout_correction: tis``; two training steps.
 
 On a GPU the layers have the real width of Qwen3-1.7B and SmolLM3-3B (hidden 2048), the responses 192 tokens; the
 test prints the memory plan the module made of the card and the peak memory measured in each phase (set-up, each
-policy's rollout and update), and checks the peak stays under the plan's need. On the CPU
+policy's rollout and update), and checks what the card held at step 0 against the plan's weights and references. On the CPU
 (``MUTUAL_RL_GPU_TESTS_ON_CPU=1``) the layers are narrower, and the plan printed is that of a simulated 80 GB card.
 Both print the engine-vs-trainer mismatch the correction measured."""
 
@@ -100,28 +100,20 @@ class _Phases(pl.Callback):
 
 
 def _wrap_phases(monkeypatch, phases: _Phases, module: MutualRLModule) -> None:
+    """Mark the peak memory of each policy's rollout (the engine's ``generate``) and update (``update_policy``)."""
     import mutual_rl.step.pipeline as pipeline
 
-    update = pipeline.update_policy
+    def measured(fn, phase: str):
+        def call(policy, *args, **kw):
+            phases.mark("between phases")
+            try:
+                return fn(policy, *args, **kw)
+            finally:
+                phases.mark(f"{phase} {policy.spec.name}")
+        return call
 
-    def timed_update(policy, *args, **kw):
-        phases.mark("between phases")
-        try:
-            return update(policy, *args, **kw)
-        finally:
-            phases.mark(f"update {policy.spec.name}")
-
-    monkeypatch.setattr(pipeline, "update_policy", timed_update)
-    generate = module.engine.generate
-
-    def timed_generate(policy, *args, **kw):
-        phases.mark("between phases")
-        try:
-            return generate(policy, *args, **kw)
-        finally:
-            phases.mark(f"rollout {policy.spec.name}")
-
-    monkeypatch.setattr(module.engine, "generate", timed_generate)
+    monkeypatch.setattr(pipeline, "update_policy", measured(pipeline.update_policy, "update"))
+    monkeypatch.setattr(module.engine, "generate", measured(module.engine.generate, "rollout"))
 
 
 def _simulated_plan(module) -> str:
@@ -183,5 +175,3 @@ def test_real_architectures_two_fsdp_bf16_steps_with_rollout_correction(tmp_path
         with capsys.disabled():
             print(f"held at step 0: measured {setup:.2f} GB, plan's weights + references {held:.2f} GB")
         assert abs(setup - held) <= 0.25 * held + 0.5, (setup, held)
-        peak = max(phases.peaks.values())
-        assert peak * GB <= plan.need(), (peak, plan.need() / GB)

@@ -12,21 +12,10 @@ import time
 import pytest
 
 from mutual_rl.rewards import RewardError, build_reward
-from mutual_rl.rewards.isolation import close_workers
-from tests.rewards.test_reward_isolation import BAD, _assert_gone, _pids
+from tests.rewards.test_reward_isolation import BAD, _assert_gone, _pids, pids_file  # noqa: F401 (autouse fixture)
 
 
-@pytest.fixture(autouse=True)
-def pids_file(tmp_path, monkeypatch):
-    path = tmp_path / "pids"
-    path.touch()
-    monkeypatch.setenv("MUTUAL_RL_TEST_PIDS", str(path))
-    close_workers()
-    yield path
-    close_workers()
-
-
-def test_a_worker_killed_mid_call_is_restarted_once_and_the_call_answered(pids_file, capfd):
+def test_a_worker_killed_mid_call_is_restarted_once_and_the_call_answered(pids_file, capfd):  # noqa: F811 (the imported fixture)
     reward = build_reward(f"{BAD}:waits_to_be_killed_once", timeout_s=30.0, errors="raise")
     results = []
     call = threading.Thread(target=lambda: results.append(reward("ab", "x")))
@@ -46,7 +35,7 @@ def test_a_worker_killed_mid_call_is_restarted_once_and_the_call_answered(pids_f
     _assert_gone([first])
 
 
-def test_a_worker_killed_again_during_the_retried_call_is_one_error_naming_the_reward(pids_file):
+def test_a_worker_killed_again_during_the_retried_call_is_one_error_naming_the_reward(pids_file):  # noqa: F811 (the imported fixture)
     reward = build_reward(f"{BAD}:sigkills_itself", timeout_s=30.0, errors="skip")  # never skipped either
     with pytest.raises(RewardError) as e:
         reward("a", "b")
