@@ -8,7 +8,7 @@ The built-in regimes are in :mod:`mutual_rl.regimes`, the engines in :mod:`mutua
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from mutual_rl.stats import SyncStats
 from mutual_rl.types import Problem, Rollout, ScoredGroup, TrainingPlan
@@ -27,6 +27,8 @@ class Regime:
     """
 
     subscribes: tuple[str, ...] = ()
+    #: the frozen record class of the statistics its plans carry (``TrainingPlan.metrics``); ``None``: none
+    stats_type: ClassVar[type | None] = None
     #: a response with reward above this counts as a success; the module sets it from
     #: ``algorithm.success_threshold`` (its one source) on every receiver's regime
     success_threshold: float = 0.0

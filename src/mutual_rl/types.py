@@ -223,11 +223,15 @@ class TrainingPlan:
     ``objective`` names the loss (``update.objectives`` registry) and ``objective_kwargs`` its scalars.
     ``crossed`` lists the peer responses this plan carried into the receiver's tokenization (THL), for the
     residual report; ``None`` for a regime that crosses no text.
+    ``metrics`` is the regime's own statistics of this plan: a frozen record of its class's ``stats_type``
+    (e.g. ``regimes.sgt.SGTStats``), or ``None`` (``NoSharing``, or a plan built by hand). The step puts it in
+    its report (``PolicyStepReport.regime``) and :func:`mutual_rl.stats.flatten` gives its logged names
+    (``rescued/<source>``, ``gate_rate``, ``prp/peer_rows``, ...).
     """
 
     batch: PolicyBatch
     mini_batches: list[list[int]]  # row indices of each mini-batch, in execution order
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: Any = None
     flows: dict[str, dict[str, int]] = field(default_factory=dict)
     objective: str = "dapo"
     objective_kwargs: dict = field(default_factory=dict)

@@ -11,6 +11,7 @@ import torch
 
 from mutual_rl.algorithms.ftis import ftis_loss, kl_filter_keep, sequence_kl, tis_weights
 from mutual_rl.regimes import get_regime
+from mutual_rl.stats import flatten
 from mutual_rl.types import PolicyBatch
 from mutual_rl.update.config import GRPOConfig
 from mutual_rl.update.objectives import get_objective
@@ -189,7 +190,7 @@ def test_plan_filters_the_off_policy_negative_sample():
     assert b.is_peer.tolist() == [False, False, True]
     assert plan.objective == "ftis" and plan.objective_kwargs == {"is_cap": 1.5}
     assert len(plan.crossed) == 2  # both were crossed (residual report), one trained
-    assert plan.metrics == {
+    assert flatten(plan.metrics) == {
         "ftis/peer_rows": 1.0, "ftis/peer_frac": pytest.approx(1 / 3), "ftis/pool_size": 4.0,
         "ftis/filtered": 1.0, "ftis/filtered_frac": 0.5, "ftis/neg_frac": 0.5,
         "ftis/peer_adv_mean": pytest.approx(0.75 / (0.5 + EPS), abs=1e-6),
@@ -232,7 +233,8 @@ def test_source_advantages_and_no_peers():
     plan = get_regime("ftis").plan(recv, own, {}, 2)
     assert plan.objective == "dapo" and plan.flows == {} and plan.batch.gen_logp is None
     assert torch.equal(plan.batch.input_ids, base.batch.input_ids) and plan.mini_batches == base.mini_batches
-    assert "ftis/peer_kl_mean" not in plan.metrics and plan.metrics["ftis/peer_rows"] == 0.0
+    metrics = flatten(plan.metrics)
+    assert "ftis/peer_kl_mean" not in metrics and metrics["ftis/peer_rows"] == 0.0
 
 
 def test_repeated_prompt_pairs_each_slot_with_its_own_peer_group():
@@ -249,7 +251,8 @@ def test_repeated_prompt_pairs_each_slot_with_its_own_peer_group():
     assert plan.batch.is_peer.tolist() == [False, False, True, False, False]
     assert plan.batch.prompt_ids == [7] * 5
     assert_flows(plan, peers, {"s": {"consumed": 1, "kl_filtered": 3, "no_own_group": 2}})
-    assert plan.metrics["ftis/filtered"] == 3.0 and plan.metrics["ftis/pool_size"] == 4.0
+    metrics = flatten(plan.metrics)
+    assert metrics["ftis/filtered"] == 3.0 and metrics["ftis/pool_size"] == 4.0
 
 
 def test_args_validated():

@@ -11,6 +11,7 @@ import torch
 
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.graft import GRAFT, balanced_candidates, compatibility_score, compatibility_weight
+from mutual_rl.stats import flatten
 from tests.regimes.scenario import FakeReceiver, make_group
 
 F, P = [0, 0, 0, 0], [1, 1, 1, 1]  # all-fail / all-pass groups of 4
@@ -99,7 +100,7 @@ def test_whole_group_replacement_keeps_source_advantages():
     none = get_regime("graft", peer_last="none").plan(recv, own, peers, 2)
     assert none.batch.prompt_ids == [0] * 4 + [1] * 4 + [2] * 4 and none.batch.is_peer[:4].all()
     assert none.mini_batches == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]
-    m = plan.metrics
+    m = flatten(plan.metrics)
     assert (m["candidates/s"], m["candidates_reverse/s"], m["selected/s"], m["rescued/s"]) == (1, 1, 1, 1)
     assert m["transferred_groups"] == 1 and m["transferred_responses"] == 4 and m["admitted_frac"] == 1.0
     assert torch.equal(plan.histograms["compat_s"], torch.ones(4))
@@ -115,8 +116,9 @@ def test_no_candidates():
     assert plan.flows == {"s": {"not_candidate": 8}}
     assert not plan.batch.is_peer.any() and len(plan.batch) == 8
     assert plan.mini_batches == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert plan.metrics["transferred_groups"] == 0 and plan.metrics["admitted_frac"] == 0.0
-    assert plan.histograms["compat_s"].numel() == 0 and "compat_s_mean" not in plan.metrics
+    metrics = flatten(plan.metrics)
+    assert metrics["transferred_groups"] == 0 and metrics["admitted_frac"] == 0.0
+    assert plan.histograms["compat_s"].numel() == 0 and "compat_s_mean" not in metrics
 
 
 def test_one_direction_only_m_zero_and_stored_peer_mode():
@@ -126,7 +128,8 @@ def test_one_direction_only_m_zero_and_stored_peer_mode():
     plan = get_regime("graft").plan(recv, own, peers, 1)
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"unbalanced": 8}}  # |C_{R→S}| = 0 -> m = 0
-    assert plan.metrics["candidates/s"] == 2 and plan.metrics["selected/s"] == 0
+    metrics = flatten(plan.metrics)
+    assert metrics["candidates/s"] == 2 and metrics["selected/s"] == 0
     assert not plan.batch.is_peer.any() and plan.mini_batches == [list(range(8))]
     stored = get_regime("graft", balance=False).plan(recv, own, peers, 1)
     assert_flows(stored, peers)
@@ -134,7 +137,7 @@ def test_one_direction_only_m_zero_and_stored_peer_mode():
     assert stored.batch.is_peer.all() and stored.batch.prompt_ids == [0] * 4 + [1] * 4
     assert torch.equal(stored.batch.advantages, torch.cat([g.advantages for g in peers["s"]]))
     assert stored.mini_batches == [list(range(8))]  # no own rows left; 8 grafted rows, size ceil(8/1) = 8
-    assert stored.metrics["rescued/s"] == 2
+    assert flatten(stored.metrics)["rescued/s"] == 2
 
 
 def test_groups_of_size_one_never_transfer():
@@ -144,7 +147,8 @@ def test_groups_of_size_one_never_transfer():
     plan = get_regime("graft", balance=False).plan(recv, own, peers, 2)
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"not_candidate": 2}}  # k_S = 1 = n: no reward contrast
-    assert plan.metrics["candidates/s"] == 0 and plan.metrics["candidates_reverse/s"] == 0
+    metrics = flatten(plan.metrics)
+    assert metrics["candidates/s"] == 0 and metrics["candidates_reverse/s"] == 0
 
 
 def test_balancing_boundary_ties_kept():
@@ -158,7 +162,8 @@ def test_balancing_boundary_ties_kept():
     assert_flows(plan, peers)
     # C_{S→R} = {0: 3, 1: 2, 2: 2, 3: 1}, |C_{R→S}| = 2 -> m = 2: keep 0 and both k = 2 ties, cut prompt 3
     assert plan.flows == {"s": {"consumed": 12, "unbalanced": 4, "not_candidate": 8}}
-    assert plan.metrics["selected/s"] == 3 and plan.metrics["rescued/s"] == 3
+    metrics = flatten(plan.metrics)
+    assert metrics["selected/s"] == 3 and metrics["rescued/s"] == 3
     b = plan.batch
     assert b.prompt_ids == [3] * 4 + [4] * 4 + [5] * 4 + [0] * 4 + [1] * 4 + [2] * 4
     # 24 rows (12 own, then 12 grafted) in the same 2 mini-batches as without grafting
@@ -185,18 +190,19 @@ def test_compatibility_weights_and_floor_in_plan():
     torch.testing.assert_close(b.weights[rows], torch.tensor([1.0, math.exp(-0.125), 1.0]), rtol=0, atol=1e-7)
     assert torch.equal(b.advantages[rows], torch.tensor([0.5, -0.5, -0.25]))
     assert b.prompt_ids == [1, 1, 0, 0, 0]  # R's failed group for prompt 0 replaced
-    assert plan.metrics["admitted_frac"] == 0.75
-    assert plan.metrics["compat_s_min"] == pytest.approx(math.exp(-0.25))
-    assert plan.metrics["compat_s_max"] == pytest.approx(math.exp(0.5))
+    metrics = flatten(plan.metrics)
+    assert metrics["admitted_frac"] == 0.75
+    assert metrics["compat_s_min"] == pytest.approx(math.exp(-0.25))
+    assert metrics["compat_s_max"] == pytest.approx(math.exp(0.5))
     # the gate at every δ of the grid, by outcome: successes s = 1, e^-0.25; failures s = e^-0.125, e^0.5
-    grid = {k: v for k, v in plan.metrics.items() if k.startswith("gate/admit_")}
+    grid = {k: v for k, v in metrics.items() if k.startswith("gate/admit_")}
     assert grid == {**{f"gate/admit_success@{d}": 1.0 for d in ("0.3", "0.5", "0.7")},
                     "gate/admit_success@0.8": 0.5, "gate/admit_success@0.9": 0.5,
                     **{f"gate/admit_failure@{d}": 1.0 for d in ("0.3", "0.5", "0.7", "0.8")},
                     "gate/admit_failure@0.9": 0.5}
     lo = math.exp(-0.25)
-    assert plan.metrics["gate/s_p50_success"] == pytest.approx((lo + 1.0) / 2)
-    assert plan.metrics["gate/s_p10_success"] == pytest.approx(lo + 0.1 * (1.0 - lo))
+    assert metrics["gate/s_p50_success"] == pytest.approx((lo + 1.0) / 2)
+    assert metrics["gate/s_p10_success"] == pytest.approx(lo + 0.1 * (1.0 - lo))
 
 
 def test_whole_group_below_floor_keeps_own_group():
@@ -207,7 +213,8 @@ def test_whole_group_below_floor_keeps_own_group():
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"compat_below_floor": 2, "not_candidate": 2}}
     assert plan.batch.prompt_ids == [0, 0, 1, 1] and not plan.batch.is_peer.any()
-    assert plan.metrics["rescued/s"] == 0 and plan.metrics["selected/s"] == 1
+    metrics = flatten(plan.metrics)
+    assert metrics["rescued/s"] == 0 and metrics["selected/s"] == 1
 
 
 def test_cross_tokenizer_means_each_in_own_tokenization():
@@ -257,8 +264,9 @@ def test_three_policies_pairwise_balancing_and_source_choice():
     b = plan.batch
     assert b.prompt_ids[8:] == [0] * 4 + [1] * 4
     torch.testing.assert_close(b.advantages[8:], torch.cat([peers["c"][0].advantages, peers["b"][1].advantages]))
-    assert plan.metrics["rescued/b"] == 1 and plan.metrics["rescued/c"] == 1
-    assert plan.metrics["selected/b"] == 1 and plan.metrics["selected/c"] == 2
+    metrics = flatten(plan.metrics)
+    assert metrics["rescued/b"] == 1 and metrics["rescued/c"] == 1
+    assert metrics["selected/b"] == 1 and metrics["selected/c"] == 2
     # policy_order puts c first: it wins the tie on prompt 1
     plan2 = get_regime("graft", policy_order=["c", "b"]).plan(const_receiver(), own, peers, 2)
     assert_flows(plan2, peers)

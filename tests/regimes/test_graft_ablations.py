@@ -16,6 +16,7 @@ from mutual_rl.regimes.base import group_key
 from mutual_rl.regimes.graft import GRAFT, balanced_candidates, candidate_prompts
 from mutual_rl.rewards import register_reward
 from mutual_rl.rewards.base import available_rewards
+from mutual_rl.stats import flatten
 from tests.regimes.scenario import FakeReceiver, make_group
 from tests.regimes.test_graft import F, P, _three, assert_flows, const_receiver, peer_rows, row_texts
 
@@ -45,7 +46,7 @@ S_ALL = [1.0, E(-0.125), E(-0.25), E(0.5)]
 
 
 def _split(plan):
-    m = plan.metrics
+    m = flatten(plan.metrics)
     return {k: m[k] for k in ("evaluated_success", "evaluated_failure", "admitted_success", "admitted_failure",
                               "admitted_frac_success", "admitted_frac_failure") if k in m}
 
@@ -60,7 +61,7 @@ def test_weighted_gate_split_by_peer_reward():
     assert sum(calls) == 4  # the whole group was evaluated
     assert _split(plan) == {"evaluated_success": 2.0, "evaluated_failure": 2.0, "admitted_success": 1.0,
                             "admitted_failure": 2.0, "admitted_frac_success": 0.5, "admitted_frac_failure": 1.0}
-    assert plan.metrics["admitted_frac"] == 0.75
+    assert flatten(plan.metrics)["admitted_frac"] == 0.75
 
 
 def test_split_counts_without_any_evaluation_and_with_three_policies():
@@ -89,7 +90,8 @@ def test_compatibility_off_grafts_every_response_with_weight_one():
     # s is still computed and logged; the receiver's log-probs stay the grafted rows' old log-probs (π_R,old)
     torch.testing.assert_close(plan.histograms["compat_s"], torch.tensor(S_ALL), rtol=0, atol=1e-7)
     assert torch.equal(b.old_logp[rows], -1.0 * b.response_mask[rows]) and not b.needs_old_logp.any()
-    assert plan.metrics["admitted_frac"] == 1.0 and plan.metrics["transferred_responses"] == 4
+    metrics = flatten(plan.metrics)
+    assert metrics["admitted_frac"] == 1.0 and metrics["transferred_responses"] == 4
     assert _split(plan) == {"evaluated_success": 2.0, "evaluated_failure": 2.0, "admitted_success": 2.0,
                             "admitted_failure": 2.0, "admitted_frac_success": 1.0, "admitted_frac_failure": 1.0}
 
@@ -105,7 +107,7 @@ def test_compatibility_off_grafts_a_group_the_floor_would_drop_whole():
     assert plan.flows == {"s": {"consumed": 2, "not_candidate": 2}}
     assert plan.batch.prompt_ids == [1, 1, 0, 0] and plan.batch.is_peer.tolist() == [False, False, True, True]
     assert torch.equal(plan.batch.weights, torch.ones(4)) and plan.mini_batches == [[0, 1], [2, 3]]
-    assert plan.metrics["compat_s_max"] == pytest.approx(E(-2.5))
+    assert flatten(plan.metrics)["compat_s_max"] == pytest.approx(E(-2.5))
 
 
 # ------------------------------------------------------------------------------------------ successes only
@@ -122,7 +124,7 @@ def test_successes_only_weighted():
     assert row_texts(recv, b, rows) == ["46"]
     assert b.advantages[2].item() == 0.5 and b.weights[2].item() == 1.0  # source advantage, w = min(1, 1)
     torch.testing.assert_close(plan.histograms["compat_s"], torch.tensor([1.0, E(-0.25)]), rtol=0, atol=1e-7)
-    assert plan.metrics["admitted_frac"] == 0.5
+    assert flatten(plan.metrics)["admitted_frac"] == 0.5
     assert _split(plan) == {"evaluated_success": 2.0, "evaluated_failure": 0.0, "admitted_success": 1.0,
                             "admitted_failure": 0.0, "admitted_frac_success": 0.5}
 
@@ -151,8 +153,9 @@ def test_successes_only_with_three_policies_and_stored_peers():
     assert b.prompt_ids == [2] * 4 + [3] * 4 + [0] + [1] * 2
     expected = torch.cat([peers["c"][0].advantages[:1], peers["b"][1].advantages[:2]])
     assert torch.equal(b.advantages[8:], expected) and (expected > 0).all()
-    assert plan.metrics["rescued/b"] == 1 and plan.metrics["transferred_responses/b"] == 2
-    assert plan.metrics["rescued/c"] == 1 and plan.metrics["transferred_responses/c"] == 1
+    metrics = flatten(plan.metrics)
+    assert metrics["rescued/b"] == 1 and metrics["transferred_responses/b"] == 2
+    assert metrics["rescued/c"] == 1 and metrics["transferred_responses/c"] == 1
     stored = get_regime("graft", balance=False, transfer="successes").plan(
         const_receiver(), [make_group("r", 0, F), make_group("r", 1, F)],
         {"s": [make_group("s", 0, [0, 1, 0, 1]), make_group("s", 1, P)]}, 1)
@@ -219,15 +222,16 @@ def test_ablation_two_trainer_steps(args, tmp_path, monkeypatch):
     # plan whose selection is non-empty must graft; and the run must graft something (a dead path fails here)
     selected = [_selected(regime, own, peers) for regime, own, peers, _ in plans]
     for n, (*_, plan) in zip(selected, plans):
-        assert plan.metrics["transferred_groups"] == n
+        metrics = flatten(plan.metrics)
+        assert metrics["transferred_groups"] == n
         if n:
-            assert plan.metrics["transferred_responses"] >= n and int(plan.batch.is_peer.sum()) >= n
+            assert metrics["transferred_responses"] >= n and int(plan.batch.is_peer.sum()) >= n
     assert sum(selected) >= 1, selected
     for regime, own, peers, plan in plans:
         assert all(getattr(regime, k) == v for k, v in args.items())
         assert_flows(plan, peers)
         b, peer = plan.batch, plan.batch.is_peer
-        mt = plan.metrics
+        mt = flatten(plan.metrics)
         assert mt["evaluated_success"] + mt["evaluated_failure"] == plan.histograms["compat_s"].numel()
         assert mt["admitted_success"] + mt["admitted_failure"] == int(peer.sum())
         if args.get("compatibility") == "off":

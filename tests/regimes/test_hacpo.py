@@ -12,6 +12,7 @@ import torch
 from mutual_rl.algorithms.hacpo import capability_ratio, hacpo_advantages, lower_bound
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.hacpo import HACPO
+from mutual_rl.stats import flatten
 from mutual_rl.types import PolicyBatch
 from mutual_rl.update.config import GRPOConfig
 from mutual_rl.update.objectives import hacpo as hacpo_objective
@@ -80,7 +81,7 @@ def test_plan_pooled_advantages_row_inputs_flows_metrics_interleaved_option():
     assert torch.equal(b.cap_ratio, torch.tensor([1.0, 1.0, 0.5, 0.5] * 2))
     assert torch.equal(b.source_mean_logp[b.is_peer], torch.full((4,), -0.5))
     assert plan.mini_batches == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    m = plan.metrics
+    m = flatten(plan.metrics)
     assert m["capability/r"] == 0.25 and m["capability/s"] == 0.5 and m["cap_ratio/s"] == 0.5
     assert m["L_m_first"] == 0.8 and m["m"] == 0.0 and m["peer_responses"] == 4.0
     assert HACPO.subscribes == ("rollout", "reward")
@@ -140,24 +141,26 @@ def _lower(plan, update_index: int = 0) -> float:
 def test_capability_window_lm_schedule_and_state_round_trip():
     reg = get_regime("hacpo", window=2, lower_schedule="step")  # the per-training-step schedule (kept to compare)
     p0 = _step(reg, 0, [1, 0], [0, 0])  # rates r .5, s 0
-    assert p0.metrics["capability/r"] == 0.5 and p0.metrics["capability/s"] == 1e-8
-    assert p0.metrics["cap_ratio/s"] == 10.0 and _lower(p0) == 0.8 and _lower(p0, 3) == 0.8
+    m0 = flatten(p0.metrics)
+    assert m0["capability/r"] == 0.5 and m0["capability/s"] == 1e-8
+    assert m0["cap_ratio/s"] == 10.0 and _lower(p0) == 0.8 and _lower(p0, 3) == 0.8
     p1 = _step(reg, 1, [1, 1], [0, 0])
-    assert p1.metrics["capability/r"] == 0.75 and _lower(p1) == pytest.approx(0.825)
+    assert flatten(p1.metrics)["capability/r"] == 0.75 and _lower(p1) == pytest.approx(0.825)
     state = copy.deepcopy(reg.state_dict())
     p2 = _step(reg, 2, [0, 0], [1, 0])  # window 2: r (1 + 0)/2, s (0 + .5)/2
-    assert p2.metrics["capability/r"] == 0.5 and p2.metrics["capability/s"] == 0.25
-    assert p2.metrics["cap_ratio/s"] == 2.0 and _lower(p2) == pytest.approx(0.85)
+    m2 = flatten(p2.metrics)
+    assert m2["capability/r"] == 0.5 and m2["capability/s"] == 0.25
+    assert m2["cap_ratio/s"] == 2.0 and _lower(p2) == pytest.approx(0.85)
     # resumed regime continues exactly
     other = HACPO(window=2, lower_schedule="step")
     other.load_state_dict(state)
     q2 = _step(other, 2, [0, 0], [1, 0])
-    assert q2.metrics == p2.metrics and q2.objective_kwargs == p2.objective_kwargs
+    assert flatten(q2.metrics) == flatten(p2.metrics) and q2.objective_kwargs == p2.objective_kwargs
     assert torch.equal(q2.batch.advantages, p2.batch.advantages)
     assert other.state_dict() == reg.state_dict()
     # a replanned step replaces its entry instead of adding one
     p2b = _step(reg, 2, [1, 1], [1, 0])
-    assert p2b.metrics["capability/r"] == 1.0 and len(reg.state_dict()["windows"]["r"]) == 2
+    assert flatten(p2b.metrics)["capability/r"] == 1.0 and len(reg.state_dict()["windows"]["r"]) == 2
 
 
 # ------------------------------------------------------------------------------------------ objective

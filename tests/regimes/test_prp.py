@@ -10,6 +10,7 @@ import torch
 
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.base import split_rows
+from mutual_rl.stats import flatten
 from mutual_rl.types import PolicyBatch
 from mutual_rl.update.config import GRPOConfig
 from mutual_rl.update.objectives import get_objective
@@ -53,7 +54,7 @@ def test_learner_snapshot_pooled_advantages_and_rows():
     assert b.prompt_ids == [0, 0, 0, 0]
     assert plan.objective == "dapo" and plan.objective_kwargs == {} and b.gen_logp is None and b.cap_ratio is None
     assert_flows(plan, peers, {"s": {"consumed": 2}})
-    assert plan.metrics == {"prp/peer_rows": 2.0, "prp/peer_frac": 0.5, "prp/pool_size": 4.0,
+    assert flatten(plan.metrics) == {"prp/peer_rows": 2.0, "prp/peer_frac": 0.5, "prp/pool_size": 4.0,
                             "prp/peer_adv_mean": pytest.approx(0.25 / (0.5 + EPS), abs=1e-7)}
 
 
@@ -148,7 +149,8 @@ def test_three_policies_missing_prompts_and_mini_batches_in_prompt_order():
     assert plan.mini_batches == split_rows(10, 2) == [list(range(5)), list(range(5, 10))]
     assert_partition(plan)
     assert_flows(plan, peers, {"s": {"consumed": 3, "no_own_group": 2}, "t": {"consumed": 3}})
-    assert plan.metrics["prp/peer_rows"] == 6.0 and plan.metrics["prp/pool_size"] == 5.0
+    metrics = flatten(plan.metrics)
+    assert metrics["prp/peer_rows"] == 6.0 and metrics["prp/pool_size"] == 5.0
 
 
 def test_no_peers_is_plain_grpo_and_all_pass_and_size_one():

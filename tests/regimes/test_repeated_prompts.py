@@ -10,6 +10,7 @@ import torch
 from mutual_rl.algorithms import grpo_advantages
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.base import pair_peer_groups
+from mutual_rl.stats import flatten
 from tests.regimes.scenario import FakeReceiver, make_group
 
 F = [0, 0, 0, 0]
@@ -80,7 +81,8 @@ def test_sgt_rescues_each_failed_slot_from_its_own_peer_group():
     assert_flows(plan, peers)
     # slot 0: gate open, one success drawn; slot 1: peer all-fail, gate closed; slot 2: R solved it, gate closed
     assert plan.flows == {"s": {"consumed": 1, "not_success": 3, "gate_closed": 8}}
-    assert plan.metrics["rescued"] == 1.0 and plan.metrics["gate_rate"] == pytest.approx(1 / 3)
+    metrics = flatten(plan.metrics)
+    assert metrics["rescued"] == 1.0 and metrics["gate_rate"] == pytest.approx(1 / 3)
     assert plan.nll is not None and [len(r) for r in plan.nll.mini_batches] == [1, 0, 0]
 
 
@@ -91,7 +93,8 @@ def test_graft_treats_each_slot_as_its_own_candidate():
     plan = get_regime("graft", delta=0.0).plan(recv, own, peers, 2)
     assert_flows(plan, peers)
     # C_{S→R} = {slot 0: 2, slot 1: 1}, C_{R→S} = {slot 2}: m = 1 keeps slot 0 only
-    assert plan.metrics["candidates/s"] == 2 and plan.metrics["candidates_reverse/s"] == 1
+    metrics = flatten(plan.metrics)
+    assert metrics["candidates/s"] == 2 and metrics["candidates_reverse/s"] == 1
     assert plan.flows == {"s": {"consumed": 4, "unbalanced": 4, "not_candidate": 4}}
     assert plan.batch.is_peer.tolist() == [False] * 8 + [True] * 4
     rewards_of_grafted = plan.batch.advantages[8:]

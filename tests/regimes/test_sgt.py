@@ -10,6 +10,7 @@ import torch
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.base import own_batch, split_rows
 from mutual_rl.regimes.sgt import draw_index, spread_rows
+from mutual_rl.stats import flatten
 from tests.regimes.helpers_xsp import assert_flows, assert_partition
 from tests.regimes.scenario import FakeReceiver, make_group
 
@@ -47,7 +48,8 @@ def test_gate_flows_and_nll_term_two_policies():
     assert nll.batch.prompt_ids == [0] and bool(nll.batch.is_peer[0])
     assert_flows(plan, peers, {"s": {"consumed": 1, "not_drawn": 1, "not_success": 1, "gate_closed": 4,
                                      "no_own_group": 1}})
-    assert plan.metrics == {"rescued/s": 1.0, "rescued": 1.0, "gate_rate": 1 / 3, "all_fail_frac": 2 / 3}
+    metrics = flatten(plan.metrics)
+    assert metrics == {"rescued/s": 1.0, "rescued": 1.0, "gate_rate": 1 / 3, "all_fail_frac": 2 / 3}
 
 
 def _three_policy_scenario(step=0):
@@ -69,7 +71,8 @@ def test_draw_is_among_all_peers_successes_pooled(seed, text, source):
     plan = get_regime("sgt", seed=seed).plan(recv, own, peers, 1)
     assert row_ids(plan.nll.batch, 0) == char_ids(recv, text)
     other = "t" if source == "s" else "s"
-    assert plan.metrics[f"rescued/{source}"] == 1.0 and plan.metrics[f"rescued/{other}"] == 0.0
+    metrics = flatten(plan.metrics)
+    assert metrics[f"rescued/{source}"] == 1.0 and metrics[f"rescued/{other}"] == 0.0
     assert plan.flows[source]["consumed"] == 1 and "consumed" not in plan.flows[other]
     assert plan.flows["s"]["not_success"] == 1 and plan.flows["t"]["not_success"] == 1
     assert plan.flows["s"].get("not_drawn", 0) + plan.flows["t"].get("not_drawn", 0) == 2
@@ -104,7 +107,8 @@ def test_nll_rows_spread_evenly_over_the_updates():
     assert plan.nll.mini_batches == spread_rows(3, 3, 0, step, "r")
     assert_partition(plan)
     assert_flows(plan, peers, {"s": {"consumed": 3}})
-    assert plan.metrics["gate_rate"] == 3 / 4 and plan.metrics["rescued/s"] == 3.0
+    metrics = flatten(plan.metrics)
+    assert metrics["gate_rate"] == 3 / 4 and metrics["rescued/s"] == 3.0
 
 
 @pytest.mark.parametrize("rows, updates", [(0, 1), (1, 4), (3, 4), (4, 4), (5, 2), (7, 3), (9, 1)])
@@ -147,7 +151,7 @@ def test_no_peers_is_plain_grpo_and_no_rescue_means_no_nll():
     base = get_regime("none").plan(recv, own, {}, 2)
     assert plan.nll is None and plan.flows == {} and plan.mini_batches == base.mini_batches
     assert torch.equal(plan.batch.advantages, base.batch.advantages)
-    assert plan.metrics == {"rescued": 0.0, "gate_rate": 0.0, "all_fail_frac": 0.5}
+    assert flatten(plan.metrics) == {"rescued": 0.0, "gate_rate": 0.0, "all_fail_frac": 0.5}
     peers = {"s": [make_group("s", 0, [0, 0], kind="bpe"), make_group("s", 1, [1, 1], kind="bpe")]}
     plan = get_regime("sgt").plan(recv, own, peers, 2)
     assert plan.nll is None
@@ -260,7 +264,7 @@ def test_nll_part_of_each_update_is_lambda_times_its_rescued_rows_nll_gradient(n
     peers = {"s": [make_group("s", q, [1, 0], kind="bpe", texts=[texts[q], "0"]) for q in range(6)]}
     lam = 0.2
     plan = get_regime("sgt", coef=lam).plan(policy, own, peers, num_mini_batches)
-    assert plan.metrics["rescued"] == 6.0
+    assert flatten(plan.metrics)["rescued"] == 6.0
     spread = plan.nll.mini_batches
     assert [len(rows) for rows in spread] == {1: [6], 2: [3, 3], 4: [2, 2, 1, 1]}[num_mini_batches]
     cfg = GRPOConfig(num_mini_batches=num_mini_batches, ppo_epochs=2, old_logp="rollout")

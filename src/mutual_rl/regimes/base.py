@@ -122,7 +122,10 @@ def drop_all(peers: Mapping[str, Sequence[ScoredGroup]], reason: str) -> dict[st
 
 @register_regime("none")
 class NoSharing(Regime):
-    """Plain GRPO per policy: each policy trains on its own groups only (subscribes to nothing)."""
+    """Plain GRPO per policy: each policy trains on its own groups only (subscribes to nothing); it reports no
+    statistics of its own (``TrainingPlan.metrics`` is ``None``)."""
+
+    stats_type = None
 
     def plan(self, receiver, own, peers, num_mini_batches):
         batch = own_batch(receiver, own)

@@ -55,6 +55,7 @@ paired, ``ftis/peer_kl_mean`` / ``ftis/peer_kl_max`` (their per-sequence KL). Th
 ``self/clip_frac_low|high``, ``self/ratio_mean``, ``self/approx_kl``, ``peer/clip_frac_low|high``,
 ``peer/ratio_mean``, ``peer/is_weight_mean``, ``peer/is_ratio_mean``, ``peer/is_trunc_frac`` (share of peer tokens
 with ``π_R,old / π_gen > is_cap``), ``peer/approx_kl`` and ``approx_kl`` (all rows, k3 to ``π_R,old``).
+The plan's own metrics are one :class:`FTISStats` (``TrainingPlan.metrics``).
 
 Constructor arguments (``init_args`` of ``model.regime``): ``is_cap`` (2.0), ``kl_threshold`` (1.0), ``filter_kl``
 (``k1``), ``advantage`` (``pooled``), ``granularity`` (``span``), ``eps`` (1e-6), ``logp_batch_size`` (16). The
@@ -64,6 +65,7 @@ defaults are ours (the paper's values were not available).
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -73,10 +75,35 @@ from mutual_rl.algorithms.ftis import kl_filter_keep, sequence_kl
 from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_logp, receiver_prompt_ids
 from mutual_rl.regimes.xgrpo import pooled_advantages
+from mutual_rl.stats import prefixed
 from mutual_rl.thl import GRANULARITIES
 from mutual_rl.types import CrossedRollout, TrainingPlan, collate
 
 ADVANTAGES = ("pooled", "source")
+
+
+@dataclass(frozen=True)
+class FTISStats:
+    """F-TIS's statistics of a plan (``TrainingPlan.metrics``; the module docstring's ``ftis/...`` names)."""
+
+    peer_rows: int = field(metadata=prefixed("ftis/peer_rows"))
+    """Count of the peer rows kept in the batch (paired peer responses not filtered)."""
+    peer_frac: float = field(metadata=prefixed("ftis/peer_frac"))
+    """Fraction of the batch's rows that are peer rows."""
+    pool_size: float = field(metadata=prefixed("ftis/pool_size"))
+    """Mean pooled group size before filtering (own plus paired peer responses per receiver group)."""
+    filtered: int = field(metadata=prefixed("ftis/filtered"))
+    """Count of the paired peer responses dropped by the KL filter."""
+    filtered_frac: float = field(metadata=prefixed("ftis/filtered_frac"))
+    """Fraction of the paired peer responses dropped by the KL filter (0 when none was paired)."""
+    neg_frac: float = field(metadata=prefixed("ftis/neg_frac"))
+    """Fraction of the paired peer responses with a negative advantage (0 when none was paired)."""
+    peer_adv_mean: float = field(metadata=prefixed("ftis/peer_adv_mean"))
+    """Mean advantage of the kept peer rows (0 without one)."""
+    peer_kl_mean: float | None = field(default=None, metadata=prefixed("ftis/peer_kl_mean"))
+    """Mean per-token KL estimate of the paired peer responses (nats per token; ``None``: none paired)."""
+    peer_kl_max: float | None = field(default=None, metadata=prefixed("ftis/peer_kl_max"))
+    """Largest per-token KL estimate of a paired peer response (nats per token; ``None``: none paired)."""
 
 
 def generator_logp(crossed: CrossedRollout) -> torch.Tensor:
@@ -108,6 +135,7 @@ class FTIS(Regime):
     """
 
     subscribes = ("rollout", "reward")
+    stats_type = FTISStats
 
     def __init__(self, is_cap: float = 2.0, kl_threshold: float | None = 1.0,
                  filter_kl: Literal["k1", "k2", "k3"] = "k1", advantage: Literal["pooled", "source"] = "pooled",
@@ -205,17 +233,17 @@ class FTIS(Regime):
             batch.gen_logp = gen_mat
             objective, kwargs = "ftis", {"is_cap": self.is_cap}
         kept_adv = peer_adv[keep] if n_paired else torch.zeros(0)
-        metrics = {
-            "ftis/peer_rows": float(n_peer),
-            "ftis/peer_frac": n_peer / len(batch),
-            "ftis/pool_size": sum(sizes) / len(sizes),
-            "ftis/filtered": float(n_paired - n_peer),
-            "ftis/filtered_frac": (n_paired - n_peer) / n_paired if n_paired else 0.0,
-            "ftis/neg_frac": float((peer_adv < 0).float().mean()) if n_paired else 0.0,
-            "ftis/peer_adv_mean": float(kept_adv.mean()) if len(kept_adv) else 0.0,
-        }
-        if n_paired:
-            metrics.update({"ftis/peer_kl_mean": float(kl.mean()), "ftis/peer_kl_max": float(kl.max())})
+        metrics = FTISStats(
+            peer_rows=n_peer,
+            peer_frac=n_peer / len(batch),
+            pool_size=sum(sizes) / len(sizes),
+            filtered=n_paired - n_peer,
+            filtered_frac=(n_paired - n_peer) / n_paired if n_paired else 0.0,
+            neg_frac=float((peer_adv < 0).float().mean()) if n_paired else 0.0,
+            peer_adv_mean=float(kept_adv.mean()) if len(kept_adv) else 0.0,
+            peer_kl_mean=float(kl.mean()) if n_paired else None,
+            peer_kl_max=float(kl.max()) if n_paired else None,
+        )
         return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics,
                             flows={src: {k: v for k, v in f.items() if v} for src, f in flows.items()},
                             objective=objective, objective_kwargs=kwargs, crossed=all_crossed)

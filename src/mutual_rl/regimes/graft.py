@@ -51,7 +51,8 @@ selected group), ``not_candidate`` (``q ∉ C_{S→R}``), ``unbalanced`` (cut by
 (N > 2: another source chosen for ``q``), ``no_own_group`` (``R`` has no group for ``q``; not expected when peers
 answer the receiver's prompts).
 
-Metrics (``TrainingPlan.metrics``): per source ``candidates/<S>`` = ``|C_{S→R}|``, ``candidates_reverse/<S>`` =
+Metrics (``TrainingPlan.metrics``, a :class:`GraftStats`): per source
+``candidates/<S>`` = ``|C_{S→R}|``, ``candidates_reverse/<S>`` =
 ``|C_{R→S}|``, ``selected/<S>`` (after balancing), ``rescued/<S>`` (``R``'s failed prompts replaced by ``S``'s
 group), ``transferred_responses/<S>`` (admitted); overall ``transferred_groups``, ``transferred_responses``,
 ``admitted_frac`` (admitted / evaluated responses), ``compat_s_mean|min|max`` (when any response was evaluated),
@@ -97,7 +98,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -105,8 +106,9 @@ import torch
 from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_logp, receiver_prompt_ids
 from mutual_rl.regimes.graft_gate import gate_grid
-from mutual_rl.regimes.hacpo import HACPO
-from mutual_rl.regimes.sgt import SGT
+from mutual_rl.regimes.hacpo import HACPO, HACPOStats
+from mutual_rl.regimes.sgt import SGT, SGTStats
+from mutual_rl.stats import prefixed
 from mutual_rl.types import ScoredGroup, TrainingPlan, collate
 
 PEER_LAST = ("in_batch", "none")
@@ -114,7 +116,56 @@ COMPATIBILITY = ("weighted", "off")
 TRANSFER = ("group", "successes")
 UPDATE_RULES = ("graft", "hacpo", "sgt")
 
-__all__ = ["GRAFT", "balanced_candidates", "candidate_prompts", "compatibility_score", "compatibility_weight"]
+__all__ = ["GRAFT", "GraftStats", "balanced_candidates", "candidate_prompts", "compatibility_score",
+           "compatibility_weight"]
+
+
+@dataclass(frozen=True)
+class GraftStats:
+    """GRAFT's statistics of a receiver's plan (``TrainingPlan.metrics``; logged as ``<receiver>/<name>``).
+
+    The selection's fields (``candidates`` to ``transferred_responses``) are there under every update rule;
+    those of GRAFT's own how (``admitted_frac`` to ``gate``) are ``None`` under a cross rule (``update_rule``
+    hacpo / sgt), whose own record is ``rule``."""
+
+    candidates: Mapping[str, int] = field(metadata=prefixed("candidates/"))
+    """Per source ``S``: count of the receiver's groups in ``C_{S→R}`` (``k_R = 0``, ``1 ≤ k_S < n``)."""
+    candidates_reverse: Mapping[str, int] = field(metadata=prefixed("candidates_reverse/"))
+    """Per source ``S``: count of ``S``'s groups in the reverse direction ``C_{R→S}``."""
+    selected: Mapping[str, int] = field(metadata=prefixed("selected/"))
+    """Per source: count of its candidate groups kept after balancing."""
+    rescued_by: Mapping[str, int] = field(metadata=prefixed("rescued/"))
+    """Per source: count of the receiver's failed groups replaced by its group (cross rule: trained with)."""
+    transferred_responses_by: Mapping[str, int] = field(metadata=prefixed("transferred_responses/"))
+    """Per source: count of its responses transferred (admitted; hacpo rule: whole groups; sgt: one each)."""
+    transferred_groups: int
+    """Count of the receiver's groups replaced (GRAFT's how: those with an admitted row), over all sources."""
+    transferred_responses: int
+    """Count of the peer responses transferred, over all sources."""
+    admitted_frac: float | None = None
+    """Fraction of the evaluated peer responses admitted by the gate (0 when none was evaluated)."""
+    evaluated_success: int | None = None
+    """Count of the evaluated peer responses that are successes."""
+    evaluated_failure: int | None = None
+    """Count of the evaluated peer responses that are failures."""
+    admitted_success: int | None = None
+    """Count of the admitted peer responses that are successes."""
+    admitted_failure: int | None = None
+    """Count of the admitted peer responses that are failures."""
+    admitted_frac_success: float | None = None
+    """Fraction of the evaluated peer successes admitted (``None``: none was evaluated)."""
+    admitted_frac_failure: float | None = None
+    """Fraction of the evaluated peer failures admitted (``None``: none was evaluated)."""
+    compat_s_mean: float | None = None
+    """Mean compatibility score ``s`` of the evaluated peer responses (``None``: none was evaluated)."""
+    compat_s_min: float | None = None
+    """Smallest compatibility score ``s`` of the evaluated peer responses (``None``: none was evaluated)."""
+    compat_s_max: float | None = None
+    """Largest compatibility score ``s`` of the evaluated peer responses (``None``: none was evaluated)."""
+    gate: Mapping[str, float] | None = field(default=None, metadata=prefixed("gate/"))
+    """Gate grid (``graft_gate.gate_grid``): per outcome, fraction admitted per δ and quantiles of ``s``."""
+    rule: SGTStats | HACPOStats | None = field(default=None, metadata=prefixed(""))
+    """A cross rule's own record (logged by its own names); ``None`` under GRAFT's own how."""
 
 
 def compatibility_score(receiver_mean_logp, source_mean_logp) -> torch.Tensor:
@@ -164,10 +215,11 @@ def _mean_logp(trace: torch.Tensor) -> float:
 
 @dataclass(frozen=True)
 class _Selection:
-    """Steps 1-3 of one plan: per source its candidate receiver groups (``key -> k_S``) and those kept after
-    balancing, and the source chosen for each receiver group."""
+    """Steps 1-3 of one plan: per source its candidate receiver groups (``key -> k_S``), the size of its
+    reverse candidate set and the groups kept after balancing; the source chosen for each receiver group."""
 
     candidates: dict[str, dict]
+    reverse: dict[str, int]
     kept: dict[str, set]
     chosen: dict
 
@@ -227,6 +279,7 @@ class GRAFT(Regime):
     """
 
     subscribes = ("rollout", "reward", "advantage")
+    stats_type = GraftStats
 
     def __init__(self, delta: float = 0.8, balance: bool = True, policy_order: list[str] | None = None,
                  logp_batch_size: int = 16, peer_last: Literal["in_batch", "none"] = "in_batch",
@@ -290,38 +343,39 @@ class GRAFT(Regime):
         for key, pairs in pairing.by_own.items():
             for src, g in pairs:
                 peer_by[src][key] = g
-        metrics: dict = {}
-        selection = self._select(own_by, peer_by, order, metrics)
+        selection = self._select(own_by, peer_by, order)
         if self._rule is not None:
-            return self._cross_rule(receiver, own, peers, pairing, peer_by, order, selection, metrics,
+            return self._cross_rule(receiver, own, peers, pairing, peer_by, order, selection,
                                     num_mini_batches)
         graft = self._graft(receiver, own, own_by, peer_by, selection.chosen)
         flows = _flows(peers, pairing, peer_by, selection, graft.dropped)
-        for src in order:
-            metrics[f"rescued/{src}"] = float(sum(1 for g in graft.groups if g.source == src))
-            metrics[f"transferred_responses/{src}"] = float(sum(len(g.rows) for g in graft.groups if g.source == src))
         batch, mini_batches = self._assemble(receiver, own, graft.groups, num_mini_batches)
         n_peer = int(batch.is_peer.sum())
         s_all = torch.cat(graft.scores).float() if graft.scores else torch.zeros(0)
-        split = graft.split
-        metrics["transferred_groups"] = float(len(graft.groups))
-        metrics["transferred_responses"] = float(n_peer)
-        evaluated = sum(split[f"evaluated_{kind}"] for kind in ("success", "failure"))
-        metrics["admitted_frac"] = float(n_peer / evaluated) if evaluated else 0.0
-        for kind in ("success", "failure"):  # the gate's admissions by the peer response's reward
-            n_eval, n_adm = split[f"evaluated_{kind}"], split[f"admitted_{kind}"]
-            metrics[f"evaluated_{kind}"], metrics[f"admitted_{kind}"] = float(n_eval), float(n_adm)
-            if n_eval:
-                metrics[f"admitted_frac_{kind}"] = float(n_adm / n_eval)
-        if evaluated:
-            metrics["compat_s_mean"] = float(s_all.mean())
-            metrics["compat_s_min"] = float(s_all.min())
-            metrics["compat_s_max"] = float(s_all.max())
-            metrics.update(gate_grid(s_all, torch.tensor(graft.successes, dtype=torch.bool)))
+        split = graft.split  # the gate's evaluations and admissions by the peer response's reward
+        evaluated = split["evaluated_success"] + split["evaluated_failure"]
+        frac = {kind: split[f"admitted_{kind}"] / n if (n := split[f"evaluated_{kind}"]) else None
+                for kind in ("success", "failure")}
+        grid = gate_grid(s_all, torch.tensor(graft.successes, dtype=torch.bool)) if evaluated else None
+        metrics = GraftStats(
+            **self._selection_stats(selection, order),
+            rescued_by={src: sum(1 for g in graft.groups if g.source == src) for src in order},
+            transferred_responses_by={src: sum(len(g.rows) for g in graft.groups if g.source == src)
+                                      for src in order},
+            transferred_groups=len(graft.groups), transferred_responses=n_peer,
+            admitted_frac=n_peer / evaluated if evaluated else 0.0,
+            evaluated_success=split["evaluated_success"], evaluated_failure=split["evaluated_failure"],
+            admitted_success=split["admitted_success"], admitted_failure=split["admitted_failure"],
+            admitted_frac_success=frac["success"], admitted_frac_failure=frac["failure"],
+            compat_s_mean=float(s_all.mean()) if evaluated else None,
+            compat_s_min=float(s_all.min()) if evaluated else None,
+            compat_s_max=float(s_all.max()) if evaluated else None,
+            gate={k.removeprefix("gate/"): v for k, v in grid.items()} if grid is not None else None,
+        )
         return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, objective="dapo", crossed=graft.crossed,
                             histograms={"compat_s": s_all})
 
-    def _cross_rule(self, receiver, own, peers, pairing, peer_by, order, selection: _Selection, metrics,
+    def _cross_rule(self, receiver, own, peers, pairing, peer_by, order, selection: _Selection,
                     num_mini_batches) -> TrainingPlan:
         """GRAFT §6.3: HACPO's or SGT's update on the selected prompts (module docstring, "Cross rules")."""
         rule, thr = self._rule, self.success_threshold
@@ -343,35 +397,47 @@ class GRAFT(Regime):
             sub = rule.plan(receiver, own, selected, num_mini_batches, observed=peers)
         else:
             sub = rule.plan(receiver, own, selected, num_mini_batches)
-        for src in order:
-            groups = selected.get(src, [])
-            metrics[f"rescued/{src}"] = float(len(groups))
-            metrics[f"transferred_responses/{src}"] = float(
-                sum(len(g.rollouts) for g in groups) if self.update_rule == "hacpo" else len(groups))
-        metrics["transferred_groups"] = float(len(selection.chosen))
-        metrics["transferred_responses"] = float(sum(metrics[f"transferred_responses/{src}"] for src in order))
-        return dataclasses.replace(sub, metrics={**sub.metrics, **metrics},
-                                   flows=_flows(peers, pairing, peer_by, selection, dropped))
+        transferred = {src: sum(len(g.rollouts) for g in selected.get(src, [])) if self.update_rule == "hacpo"
+                       else len(selected.get(src, [])) for src in order}
+        rule_stats = sub.metrics
+        if isinstance(rule_stats, SGTStats):
+            # SGT's rescued/<source> are GRAFT's names too, and GRAFT's counts win (as they did when the
+            # rule's metrics dict was updated with GRAFT's): the nested SGT record leaves its own out.
+            # HACPO's names (capability/, cap_ratio/, L_m_first, m, peer_responses) meet none of GRAFT's.
+            rule_stats = dataclasses.replace(rule_stats, rescued_by={})
+        metrics = GraftStats(
+            **self._selection_stats(selection, order),
+            rescued_by={src: len(selected.get(src, [])) for src in order},
+            transferred_responses_by=transferred,
+            transferred_groups=len(selection.chosen), transferred_responses=sum(transferred.values()),
+            rule=rule_stats,
+        )
+        flows = _flows(peers, pairing, peer_by, selection, dropped)
+        return dataclasses.replace(sub, metrics=metrics, flows=flows)
 
-    def _select(self, own_by, peer_by, order, metrics) -> _Selection:
+    @staticmethod
+    def _selection_stats(selection: _Selection, order) -> dict:
+        """The selection's per-source counts (fields of :class:`GraftStats`), sources in ``order``."""
+        return dict(candidates={src: len(selection.candidates[src]) for src in order},
+                    candidates_reverse={src: selection.reverse[src] for src in order},
+                    selected={src: len(selection.kept[src]) for src in order})
+
+    def _select(self, own_by, peer_by, order) -> _Selection:
         """Steps 1-3: candidates per source, balancing, and one source per receiver group (N > 2)."""
         thr = self.success_threshold
         rank = {src: i for i, src in enumerate(order)}
-        cands, kept = {}, {}
+        cands, reverse, kept = {}, {}, {}
         for src in order:
             cands[src] = candidate_prompts(own_by, peer_by[src], thr)
-            reverse = candidate_prompts(peer_by[src], own_by, thr)
-            kept[src] = balanced_candidates(cands[src], len(reverse)) if self.balance else set(cands[src])
-            metrics[f"candidates/{src}"] = float(len(cands[src]))
-            metrics[f"candidates_reverse/{src}"] = float(len(reverse))
-            metrics[f"selected/{src}"] = float(len(kept[src]))
+            reverse[src] = len(candidate_prompts(peer_by[src], own_by, thr))
+            kept[src] = balanced_candidates(cands[src], reverse[src]) if self.balance else set(cands[src])
         chosen: dict = {}  # receiver group key -> source, highest k_S then policy order
         for src in order:
             for q in kept[src]:
                 best = chosen.get(q)
                 if best is None or (cands[src][q], -rank[src]) > (cands[best][q], -rank[best]):
                     chosen[q] = src
-        return _Selection(cands, kept, chosen)
+        return _Selection(cands, reverse, kept, chosen)
 
     def _graft(self, receiver, own, own_by, peer_by, chosen) -> _Graft:
         """Step 4: cross every chosen group (its successes only with ``transfer="successes"``), score each

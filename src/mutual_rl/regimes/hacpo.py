@@ -52,7 +52,7 @@ Metrics: ``capability/<policy>`` (``P_k`` for ``R`` and each source), ``cap_rati
 ``peer_responses``; the objective reports ``L_m`` (token-weighted over the step's updates), ``seq_ratio_mean``,
 ``self/clip_frac`` and ``peer/seq_ratio_mean``, ``peer/clip_frac_low`` (``s < L_m``), ``peer/clip_frac_high``
 (``s > 1``) (token-weighted means over sequences), ``self/approx_kl`` (per-token k3 to ``π_R,old`` on own rows)
-and ``kl`` when a reference is given.
+and ``kl`` when a reference is given. The plan's own metrics are one :class:`HACPOStats`.
 
 Constructor arguments (``init_args`` of ``model.regime`` in a config): ``window`` (5), ``floor`` (1e-8), ``ratio_min`` (0.1),
 ``ratio_max`` (10), ``lower_start`` (0.8), ``lower_slope`` (0.025), ``alpha`` (1), ``self_clip_low`` (3e-4),
@@ -64,7 +64,8 @@ Constructor arguments (``init_args`` of ``model.regime`` in a config): ``window`
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -72,13 +73,30 @@ import torch
 from mutual_rl.algorithms.hacpo import capability_ratio, hacpo_advantages, lower_bound
 from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
+from mutual_rl.stats import prefixed
 from mutual_rl.types import TrainingPlan, collate
 from mutual_rl.update.lockstep import max_over_ranks, sum_over_ranks
 
 LOWER_SCHEDULES = ("update", "step")
 ROW_ORDERS = ("own_then_peer", "interleaved")
 
-__all__ = ["HACPO", "own_then_peer_mini_batches"]
+__all__ = ["HACPO", "HACPOStats", "own_then_peer_mini_batches"]
+
+
+@dataclass(frozen=True)
+class HACPOStats:
+    """HACPO's statistics of a receiver's plan (``TrainingPlan.metrics``; logged as ``<receiver>/<name>``)."""
+
+    capability: Mapping[str, float] = field(metadata=prefixed("capability/"))
+    """Per policy (the receiver and each source): capability ``P_k``, its windowed success rate (fraction)."""
+    L_m_first: float
+    """``L_m``, the lower clip bound of the peer rows' sequence ratio, at the step's first update."""
+    m: int
+    """Count of the plans built for this receiver before this one (the ``m`` of ``lower_schedule: step``)."""
+    peer_responses: int
+    """Count of the peer responses (rows) pooled into the batch."""
+    cap_ratio: Mapping[str, float] = field(metadata=prefixed("cap_ratio/"))
+    """Per source: ``P_R / P_S`` clipped to ``[ratio_min, ratio_max]`` (a ratio)."""
 
 
 def own_then_peer_mini_batches(num_own: int, num_peer: int, num_mini_batches: int) -> list[list[int]]:
@@ -116,6 +134,7 @@ class HACPO(Regime):
     """
 
     subscribes = ("rollout", "reward")
+    stats_type = HACPOStats
 
     def __init__(self, window: int = 5, floor: float = 1e-8, ratio_min: float = 0.1, ratio_max: float = 10.0,
                  lower_start: float = 0.8, lower_slope: float = 0.025, alpha: float = 1.0,
@@ -226,11 +245,9 @@ class HACPO(Regime):
             needs_old_logp=[False] * len(rows),
             source_mean_logp=torch.tensor(src_mean, dtype=torch.float32), cap_ratio=cap_all,
         )
-        metrics: dict = {f"capability/{name}": p_r, "L_m_first": lower, "m": float(m),
-                         "peer_responses": float(sum(peer_flags))}
-        for src in peers:
-            metrics[f"capability/{src}"] = self.capability(src)
-            metrics[f"cap_ratio/{src}"] = ratio[src]
+        metrics = HACPOStats(capability={name: p_r, **{src: self.capability(src) for src in peers}},
+                             L_m_first=lower, m=m, peer_responses=sum(peer_flags),
+                             cap_ratio={src: ratio[src] for src in peers})
         kwargs = {"lower_start": self.lower_start, "lower_slope": self.lower_slope,
                   "lower_m0": m if per_step else 0, "lower_per_update": 0 if per_step else 1, "alpha": self.alpha,
                   "self_clip_low": self.self_clip_low, "self_clip_high": self.self_clip_high,

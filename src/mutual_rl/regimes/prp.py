@@ -56,6 +56,7 @@ Metrics of the plan: ``prp/peer_rows`` (peer rows in the batch), ``prp/peer_frac
 ``ρ > C``) for peer tokens, ``approx_kl`` (k3 to the behaviour, all tokens: peer tokens against their
 denominator, ``ℓ̃`` under ``peer_aligned``) and its
 parts ``self/approx_kl`` (own tokens, against ``π_R,old``: comparable across regimes) and ``peer/approx_kl``.
+The plan's own metrics are one :class:`PRPStats` (``TrainingPlan.metrics``).
 
 Constructor arguments (``init_args`` of ``model.regime`` in a config): ``denominator`` (``learner_snapshot`` default | ``peer_aligned``),
 ``objective`` (``clip`` default | ``tis``), ``is_cap`` (C of ``tis``, default 2.0), ``granularity`` (THL alignment for ``peer_aligned``: ``word`` default |
@@ -65,6 +66,7 @@ Constructor arguments (``init_args`` of ``model.regime`` in a config): ``denomin
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -72,11 +74,26 @@ import torch
 from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
 from mutual_rl.regimes.xgrpo import pooled_advantages
+from mutual_rl.stats import prefixed
 from mutual_rl.thl import GRANULARITIES
 from mutual_rl.types import CrossedRollout, TrainingPlan, collate
 
 DENOMINATORS = ("learner_snapshot", "peer_aligned")
 OBJECTIVES = ("clip", "tis")
+
+
+@dataclass(frozen=True)
+class PRPStats:
+    """PRP's statistics of a receiver's plan (``TrainingPlan.metrics``), logged as ``<receiver>/prp/...``."""
+
+    peer_rows: int = field(metadata=prefixed("prp/peer_rows"))
+    """Count of the peer rows (crossed peer responses) pooled into the batch."""
+    peer_frac: float = field(metadata=prefixed("prp/peer_frac"))
+    """Fraction of the batch's rows that are peer rows."""
+    pool_size: float = field(metadata=prefixed("prp/pool_size"))
+    """Mean pooled group size (own plus peer responses per receiver group)."""
+    peer_adv_mean: float = field(metadata=prefixed("prp/peer_adv_mean"))
+    """Mean pooled advantage of the peer rows (0 without peer rows)."""
 
 
 @register_regime("prp")
@@ -96,6 +113,7 @@ class PRP(Regime):
     """
 
     subscribes = ("rollout", "reward")
+    stats_type = PRPStats
 
     def __init__(self, denominator: Literal["learner_snapshot", "peer_aligned"] = "learner_snapshot",
                  is_cap: float = 2.0, granularity: Literal["word", "span"] = "word", eps: float = 1e-6,
@@ -143,11 +161,7 @@ class PRP(Regime):
         if self.objective == "tis" and n_peer:
             objective, kwargs = "prp_tis", {"is_cap": self.is_cap}
         pa = torch.cat(peer_adv)
-        metrics = {
-            "prp/peer_rows": float(n_peer),
-            "prp/peer_frac": n_peer / len(batch),
-            "prp/pool_size": sum(sizes) / len(sizes),
-            "prp/peer_adv_mean": float(pa.mean()) if len(pa) else 0.0,
-        }
+        metrics = PRPStats(peer_rows=n_peer, peer_frac=n_peer / len(batch), pool_size=sum(sizes) / len(sizes),
+                           peer_adv_mean=float(pa.mean()) if len(pa) else 0.0)
         return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics, flows=pairing.flows(),
                             objective=objective, objective_kwargs=kwargs, crossed=all_crossed)

@@ -36,7 +36,7 @@ seeing the peers' groups of its own slot, so no peer response is counted twice.
 Metrics: ``rescued/<source>`` (rescued prompts whose draw came from that source, every source listed),
 ``rescued`` (their total), ``gate_rate`` (fraction of ``R``'s prompts with the gate open; equal to
 ``rescued / #prompts``), ``all_fail_frac`` (fraction of ``R``'s prompts with ``k_R = 0``, open gate or not).
-The update reports the mean NLL itself (``nll``).
+They are the plan's :class:`SGTStats`; the update reports the mean NLL itself (``nll``).
 
 Constructor arguments (``init_args`` of ``model.regime`` in a config): ``coef`` (λ, default 0.1), ``seed`` (draw seed, default 0),
 success comes from ``algorithm.success_threshold`` (the regime's ``success_threshold``, set by the module).
@@ -47,12 +47,29 @@ KL (``algorithm.kl_coef > 0``): on ``R``'s own rows (the GRPO batch); the NLL te
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
 
 from mutual_rl.regimes.base import Regime, group_key, own_batch, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
+from mutual_rl.stats import prefixed
 from mutual_rl.types import NLLTerm, TrainingPlan, collate
+
+
+@dataclass(frozen=True)
+class SGTStats:
+    """SGT's statistics of a receiver's plan (``TrainingPlan.metrics``; logged as ``<receiver>/<name>``)."""
+
+    rescued_by: Mapping[str, int] = field(metadata=prefixed("rescued/"))
+    """Per source (each delivering one, 0 included): count of the rescued prompts whose draw came from it."""
+    rescued: int
+    """Count of the rescued prompts (gate open, one peer success drawn); the sum over ``rescued_by``."""
+    gate_rate: float
+    """Fraction of the receiver's prompts (groups) with the gate open (``rescued / #prompts``)."""
+    all_fail_frac: float
+    """Fraction of the receiver's prompts (groups) without a success of its own (``k_R = 0``)."""
 
 
 def draw_index(seed: int, step: int, receiver: str, prompt_id: int, num_candidates: int) -> int:
@@ -84,6 +101,7 @@ class SGT(Regime):
     """
 
     subscribes = ("rollout", "reward")
+    stats_type = SGTStats
 
     def __init__(self, coef: float = 0.1, seed: int = 0):
         if coef < 0:
@@ -140,7 +158,6 @@ class SGT(Regime):
             step = int(own[0].rollouts[0].step)
             nll_rows = spread_rows(len(crossed), len(mini_batches), self.seed, step, receiver.name)
             nll = NLLTerm(nll_batch, nll_rows, self.coef)
-        metrics = {f"rescued/{src}": float(n) for src, n in rescued_by.items()}
-        metrics.update(rescued=float(len(rescued)), gate_rate=len(rescued) / len(own),
-                       all_fail_frac=all_fail / len(own))
+        metrics = SGTStats(rescued_by=rescued_by, rescued=len(rescued), gate_rate=len(rescued) / len(own),
+                           all_fail_frac=all_fail / len(own))
         return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, nll=nll, crossed=crossed)

@@ -22,7 +22,8 @@ of ``R``'s groups, else dropped ``no_own_group``.
 
 Metrics: ``xgrpo/pooled_frac`` (fraction of ``R``'s prompts with at least one peer group), ``xgrpo/pool_size``
 (mean pooled group size), ``xgrpo/adv_abs_diff`` (mean ``|Â^XGRPO − Â^GRPO|`` over ``R``'s rows, against the
-advantages ``R``'s groups arrived with) and ``xgrpo/signal_frac`` (fraction of ``R``'s rows with ``Â ≠ 0``).
+advantages ``R``'s groups arrived with) and ``xgrpo/signal_frac`` (fraction of ``R``'s rows with ``Â ≠ 0``):
+the plan's :class:`XGRPOStats`.
 
 Constructor arguments (``init_args`` of ``model.regime`` in a config): ``eps`` (the ε above, default ``1e-6``).
 """
@@ -30,12 +31,28 @@ Constructor arguments (``init_args`` of ``model.regime`` in a config): ``eps`` (
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 from mutual_rl.algorithms import grpo_advantages
 from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
+from mutual_rl.stats import prefixed
 from mutual_rl.types import TrainingPlan, collate
+
+
+@dataclass(frozen=True)
+class XGRPOStats:
+    """XGRPO's statistics of a plan (``TrainingPlan.metrics``; the module docstring's ``xgrpo/...`` names)."""
+
+    pooled_frac: float = field(metadata=prefixed("xgrpo/pooled_frac"))
+    """Fraction of the receiver's prompts (groups) with at least one paired peer group."""
+    pool_size: float = field(metadata=prefixed("xgrpo/pool_size"))
+    """Mean pooled group size (own plus peer rewards per receiver group)."""
+    adv_abs_diff: float = field(metadata=prefixed("xgrpo/adv_abs_diff"))
+    """Mean over the receiver's rows of ``|Â^XGRPO − Â^GRPO|`` (GRPO's: the advantages they arrived with)."""
+    signal_frac: float = field(metadata=prefixed("xgrpo/signal_frac"))
+    """Fraction of the receiver's rows with a non-zero pooled advantage."""
 
 
 def pooled_advantages(own: torch.Tensor, others: Sequence[torch.Tensor], eps: float) -> torch.Tensor:
@@ -55,6 +72,7 @@ class XGRPO(Regime):
     """
 
     subscribes = ("reward",)
+    stats_type = XGRPOStats
 
     def __init__(self, eps: float = 1e-6):
         if eps < 0:
@@ -75,11 +93,8 @@ class XGRPO(Regime):
             pooled += bool(others)
         adv = torch.cat(advs)
         batch = collate(rollouts, adv, receiver.tokenizer.pad_token_id)
-        metrics = {
-            "xgrpo/pooled_frac": pooled / len(own),
-            "xgrpo/pool_size": sum(sizes) / len(sizes),
-            "xgrpo/adv_abs_diff": float((adv - torch.cat(old_advs)).abs().mean()),
-            "xgrpo/signal_frac": float((adv != 0).float().mean()),
-        }
+        metrics = XGRPOStats(pooled_frac=pooled / len(own), pool_size=sum(sizes) / len(sizes),
+                             adv_abs_diff=float((adv - torch.cat(old_advs)).abs().mean()),
+                             signal_frac=float((adv != 0).float().mean()))
         return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics,
                             flows=pairing.flows())

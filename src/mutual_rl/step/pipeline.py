@@ -214,6 +214,6 @@ def train_policy(ctx: StepContext, spec: PolicySpec, sampled: Sampled, step: int
         if faults is None:
             raise fault from e
         faults.append(fault)
-    return dataclasses.replace(report, update=stats, regime=dict(plan.metrics), sync=sync, thl=thl,
+    return dataclasses.replace(report, update=stats, regime=plan.metrics, sync=sync, thl=thl,
                                histograms=dict(plan.histograms))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -41,8 +42,9 @@ class PolicyStepReport:
     dynamic_sampling: DynamicSamplingStats | None = field(default=None, metadata=prefixed("dynamic_sampling/"))
     update: UpdateStats | None = field(default=None, metadata=prefixed(""))
     """``None``: the policy did not update this step (MWRA's ``update_every``)."""
-    regime: Mapping[str, float] = field(default_factory=dict, metadata=prefixed(""))
-    """The receiver's regime's own statistics (``TrainingPlan.metrics``), by the names the regime gives them."""
+    regime: Any = field(default=None, metadata=prefixed(""))
+    """The receiver's regime's own statistics (``TrainingPlan.metrics``: a record of the regime's
+    ``stats_type``, logged by its field names; ``None``: the regime reports none)."""
     sync: SyncStats | None = field(default=None, metadata=prefixed(""))
     """The engine's weight sync after the update (engines that hold their own weights only)."""
     thl: Mapping[str, float] = field(default_factory=dict, metadata={"log": False})
