@@ -15,10 +15,10 @@ from mutual_rl.config_files import load_config
 
 def test_label_records_are_complete_and_in_table_order():
     assert list(LABELS)[:4] == ["grpo", "grpo_n16", "grpo_n32", "dapo_ds"]
-    assert list(LABELS)[-1] == "graft_stored" and len(LABELS) == 22
+    assert list(LABELS)[-1] == "graft_stored" and len(LABELS) == 23
     assert {n: dict(lab.regime_args) for n, lab in LABELS.items() if lab.regime_args} == {
         "graft_d09": {"delta": 0.9}, "graft_d05": {"delta": 0.5}, "graft_d03": {"delta": 0.3}, "sgt_lam01": {"coef": 0.1},
-        "sgt_lam03": {"coef": 0.3}}
+        "sgt_lam03": {"coef": 0.3}, "prp_span": {"granularity": "span"}}
     assert labels.DEFAULT_LABELS == tuple(n for n in LABELS if n not in labels.EXTRA_LABELS)
     assert len(labels.DEFAULT_LABELS) == 17
     assert {"graft_stored", "ftis", "graft_no_peer_last", "graft_no_compat", "graft_successes"} <= set(LABELS)
@@ -48,7 +48,7 @@ def test_every_label_config_is_packaged_and_parses(name):
     assert [p["name"] for p in cfg["model"]["policies"]] == ["gpt2", "llama"]
     assert cfg["model"]["regime"]["class_path"] and cfg["data"]["batch_size"] == 32
     expected = {"grpo": "NoSharing", "dapo_ds": "NoSharing", "xgrpo": "XGRPO", "prp_snapshot": "PRP",
-                "prp_aligned": "PRP", "sgt": "SGT", "sgt_lam01": "SGT", "sgt_lam03": "SGT", "hacpo": "HACPO",
+                "prp_aligned": "PRP", "prp_span": "PRP", "sgt": "SGT", "sgt_lam01": "SGT", "sgt_lam03": "SGT", "hacpo": "HACPO",
                 "ftis": "FTIS"}
     regime = cfg["model"]["regime"]["class_path"].rsplit(".", 1)[-1]
     assert regime == expected.get(name.removesuffix("_n16").removesuffix("_n32"), "GRAFT"), name

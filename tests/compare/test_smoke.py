@@ -143,20 +143,21 @@ def test_compare_new_labels_smoke(tmp_path, capsys):
     assert regimes["graft_successes"]["init_args"]["transfer"] == "successes"
 
 
-REGIME_ARG_LABELS = ["graft_d09", "graft_d05", "graft_d03", "sgt_lam01", "sgt_lam03"]
+REGIME_ARG_LABELS = ["graft_d09", "graft_d05", "graft_d03", "sgt_lam01", "sgt_lam03", "prp_span"]
 
 
 def test_compare_regime_argument_labels_smoke(tmp_path, capsys):
-    """The labels that set a regime argument over their config (GRAFT at other δ, SGT at a fixed λ), run only when
-    named: each runs through the driver, has its rows, and its argument reaches the fit, in the run's config and
-    in the config the fit itself parsed and saved (jsonargparse's, with the regime's class resolved)."""
+    """The labels that set a regime argument over their config (GRAFT at other δ, SGT at a fixed λ, PRP's aligned
+    trace at span granularity), run only when named: each runs through the driver, has its rows, and its argument
+    reaches the fit, in the run's config and in the config the fit itself parsed and saved (jsonargparse's, with the
+    regime's class resolved)."""
     assert set(REGIME_ARG_LABELS) == set(EXTRA_LABELS) and not set(EXTRA_LABELS) & set(DEFAULT_LABELS)
     out, _ = _smoke(tmp_path, REGIME_ARG_LABELS, capsys)
     table = (out / "table.md").read_text()
     expected = {"graft_d09": ("GRAFT", "delta", 0.9), "graft_d05": ("GRAFT", "delta", 0.5),
                 "graft_d03": ("GRAFT", "delta", 0.3), "sgt_lam01": ("SGT", "coef", 0.1),
-                "sgt_lam03": ("SGT", "coef", 0.3)}
-    # (sgt_lam01 pins λ at 0.1, which is also sgt.yaml's today; the other four differ from their configs')
+                "sgt_lam03": ("SGT", "coef", 0.3), "prp_span": ("PRP", "granularity", "span")}
+    # (sgt_lam01 pins λ at 0.1, which is also sgt.yaml's today; the other five differ from their configs')
     for label, (regime, arg, value) in expected.items():
         assert f"| {label} |" in table, label
         assert dict(LABELS[label].regime_args) == {arg: value}, label

@@ -48,6 +48,9 @@ _TABLE = (
     Label("xgrpo", "xgrpo.yaml", "XGRPO: reward baseline pooled over the policies", "#1f77b4", "^"),
     Label("prp_snapshot", "prp.yaml", "PRP, learner-snapshot denominator", "#ff7f0e", "v"),
     Label("prp_aligned", "prp_aligned.yaml", "PRP, THL-aligned peer trace as denominator", "#8c564b", "<"),
+    Label("prp_span", "prp_aligned.yaml", "PRP, aligned peer trace at span granularity (exact on the shipped pairs; "
+          "word moves 42-80 % of a trace's mass off its characters, scripts/thl_granularity.py)", "#c49c94", "<", ":",
+          regime_args=(("granularity", "span"),)),
     Label("sgt", "sgt.yaml", "SGT: NLL on one peer success per all-fail prompt", "#2ca02c", "D"),
     Label("sgt_lam01", "sgt.yaml", "SGT at λ = 0.1 (the paper's value; λ per update)", "#74c476", "D", ":",
           regime_args=(("coef", 0.1),)),
@@ -80,8 +83,9 @@ _TABLE = (
 
 #: label -> its record; the order is the tables' and figures' order
 LABELS: dict[str, Label] = {lab.name: lab for lab in _TABLE}
-#: labels run only when named in --regimes: GRAFT at other δ (chosen on benchmark v4), SGT at a fixed λ
-EXTRA_LABELS = ("graft_d09", "graft_d05", "graft_d03", "sgt_lam01", "sgt_lam03")
+#: labels run only when named in --regimes: GRAFT at other δ (chosen on benchmark v4), SGT at a fixed λ, PRP's
+#: aligned trace at span granularity
+EXTRA_LABELS = ("graft_d09", "graft_d05", "graft_d03", "sgt_lam01", "sgt_lam03", "prp_span")
 #: the labels a comparison runs when --regimes is not given
 DEFAULT_LABELS = tuple(lab for lab in LABELS if lab not in EXTRA_LABELS)
 
