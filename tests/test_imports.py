@@ -58,14 +58,15 @@ def test_regimes_and_evaluation_never_import_distributed():
 #: rewards; the model and its memory plan; the update and the rollout engines; regimes, the exchange, MWRA,
 #: evaluation, presets; the step; its hosts (the CLI with its error report)
 LAYERS = (
-    ("types", "stats", "interfaces", "assets", "threads", "warnings_filters", "durable", "config_files", "rng"),
+    ("types", "stats", "names", "interfaces", "assets", "threads", "warnings_filters", "durable", "config_files",
+     "rng"),
     ("algorithms", "thl", "distributed", "strategies", "sharding"),
     ("data", "rewards"),
     ("model", "memory"),
     ("update", "rollout"),
     ("regimes", "exchange", "allocation", "evaluation", "presets"),
     ("step",),
-    ("callbacks", "module", "resume", "step_metrics", "cli", "cli_errors", "compare"),
+    ("callbacks", "module", "resume", "step_metrics", "cli", "cli_errors", "compare", "catalogue"),
 )
 #: the one import that runs up the layers: loading a ``tiny:`` policy builds the embedded preset (a plugin edge)
 UPWARD_ALLOWED = {("mutual_rl.model.loading", "presets")}

@@ -29,6 +29,7 @@ from mutual_rl.exchange import ExperienceExchange
 from mutual_rl.model.export import export_policies, step_folder
 from mutual_rl.model.policy import build_policy
 from mutual_rl.model.spec import PolicySpec
+from mutual_rl.names import RUN_REWARD, VAL_MEAN
 from mutual_rl.regimes import Regime, as_regime, regime_name, require_a_peer
 from mutual_rl.resume import (
     apply_optimizer_settings,
@@ -263,7 +264,7 @@ class MutualRLModule(LightningModule):
         if dm is not None and hasattr(dm, "mark_consumed"):
             dm.mark_consumed(batch.index)
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(batch.problems))
-        self.log("reward", report.reward, prog_bar=True, batch_size=len(batch.problems))
+        self.log(RUN_REWARD, report.reward, prog_bar=True, batch_size=len(batch.problems))
         log_histograms(self.logger, report.histograms, step)
         log_samples(self.logger, {name: r.groups for name, r in report.policies.items()}, batch, step,
                     self.log_samples_every_n_steps)
@@ -303,11 +304,11 @@ class MutualRLModule(LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         flat = self.evaluator.logged_metrics()
-        mean = flat.pop("val_pass@1", None)
+        mean = flat.pop(VAL_MEAN, None)
         if flat:
             self.log_dict(flat, on_epoch=True)
         if mean is not None:
-            self.log("val_pass@1", mean, prog_bar=True, on_epoch=True)
+            self.log(VAL_MEAN, mean, prog_bar=True, on_epoch=True)
 
     # --------------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:

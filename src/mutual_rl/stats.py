@@ -117,6 +117,7 @@ class RolloutStats:
 
     @property
     def gen_tokens_per_s(self) -> float:
+        """Response tokens sampled per second of sampling."""
         return self.generated_tokens / max(self.gen_s, 1e-9)
 
 
@@ -125,15 +126,20 @@ class ScoringStats:
     """One policy's rewards and group outcomes in a step (of the step's own prompts)."""
 
     reward: float
+    """Mean reward of the rollouts."""
     pass_rate: float
+    """Share of the rollouts whose reward is above the success threshold."""
     all_fail_frac: float
+    """Share of the groups (one prompt's rollouts) with no success."""
     all_pass_frac: float
+    """Share of the groups where every rollout succeeds."""
     mixed_frac: float
+    """Share of the groups with both successes and failures (the ones GRPO learns from)."""
     reward_errors: int = field(default=0, metadata=COUNT)
     """Reward calls that failed and were scored 0 (``model.reward_errors: skip``)."""
     reward_timeouts: int = field(default=0, metadata=COUNT)
     """Reward calls that ran past ``model.reward_timeout_s`` and were scored 0."""
-    reward_terms: Mapping[str, float] = field(default_factory=dict, metadata=prefixed("reward/"))
+    reward_terms: Mapping[str, float] = field(default_factory=dict, metadata=prefixed("reward/", key="<term>"))
     """A weighted list of reward terms: each term's unweighted mean (empty otherwise)."""
 
 
@@ -142,12 +148,19 @@ class DynamicSamplingStats:
     """DAPO dynamic sampling of one policy in a step (:mod:`mutual_rl.step.dynamic`)."""
 
     rounds: int
+    """Extra sampling rounds run to fill the batch with mixed groups."""
     extra_prompts: int
+    """Prompts drawn in those rounds."""
     extra_rollouts: int
+    """Rollouts sampled in those rounds."""
     kept_groups: int
+    """Mixed groups trained on (at most the batch's prompts)."""
     dropped_groups: int
+    """Groups left out because all their rewards are equal (all fail or all pass)."""
     surplus_groups: int
+    """Mixed groups beyond the batch size, not trained on."""
     limit_hit: int
+    """1 if the rounds ran out (max_rounds) before the batch was full of mixed groups, else 0."""
 
 
 @dataclass(frozen=True)
@@ -157,19 +170,33 @@ class TokenStats:
 
     num_tokens: Any = field(default=0.0, metadata={"log": False})
     entropy: Any = None
+    """Token entropy of the policy's distribution (nats)."""
     clip_frac_low: Any = None
+    """Share of tokens whose ratio π/π_old is clipped at 1 − ε_low (negative advantage)."""
     clip_frac_high: Any = None
+    """Share of tokens whose ratio is clipped at 1 + ε_high (positive advantage)."""
     clip_frac_dual: Any = None
-    clip_frac: Any = None  # HACPO's own rows: sequence ratios outside its self clip
+    """Share of tokens with a negative advantage and a ratio above the dual clip bound (0 when it is off)."""
+    clip_frac: Any = None
+    """HACPO's own rows: share of sequence ratios outside its self clip."""
     ratio_mean: Any = None
+    """Mean token ratio π/π_old."""
     approx_kl: Any = None
+    """k3 estimate of KL(π_old ‖ π) per token: how far the update moved the policy."""
     kl: Any = None
+    """KL to the reference model per token (the penalty's estimator; with kl_coef > 0)."""
     seq_ratio_mean: Any = None
-    L_m: Any = None  # HACPO's lower clip bound of peer rows
+    """HACPO: mean sequence-level (geometric mean) ratio."""
+    L_m: Any = None
+    """HACPO: the lower clip bound of peer rows this update."""
     is_abs_dev: Any = None
+    """Mean |importance ratio − 1| of peer tokens."""
     is_trunc_frac: Any = None
+    """Share of peer tokens whose importance weight was truncated at the cap."""
     is_weight_mean: Any = None
+    """Mean importance weight of peer tokens (after truncation)."""
     is_ratio_mean: Any = None
+    """Mean raw importance ratio of peer tokens (before truncation)."""
 
     @classmethod
     def pick(cls, values: Mapping[str, Any], prefix: str = "") -> TokenStats:
@@ -211,6 +238,7 @@ class UpdateStats:
     loss: float | None = None
     """Mean loss over the optimizer steps taken (``None``: the whole update was refused)."""
     grad_norm: float | None = None
+    """Mean gradient norm before clipping over the optimizer steps taken."""
     nll: float | None = None
     """Mean NLL of a regime's supervised term (SGT); ``None`` without one."""
     nonfinite_skipped: float | None = None
@@ -221,7 +249,8 @@ class UpdateStats:
     """Learning rate of this step (set by the step)."""
     train_s: float | None = None
     """Seconds of the update (set by the step)."""
-    rollout: Any = field(default=None, metadata=prefixed("rollout/"))
+    rollout: Any = field(default=None, metadata=prefixed(
+        "rollout/", record="mutual_rl.algorithms.rollout_correction:RolloutMismatch"))
     """The engine-vs-trainer mismatch (``algorithms.rollout_correction.RolloutMismatch``; ``None``: not measured)."""
 
     derived = ("train_tokens_per_s",)
@@ -232,6 +261,7 @@ class UpdateStats:
 
     @property
     def train_tokens_per_s(self) -> float | None:
+        """Response tokens trained per second of the update."""
         return None if self.train_s is None else self.trained_tokens / max(self.train_s, 1e-9)
 
 
@@ -240,7 +270,9 @@ class ProbeStats:
     """A rollout engine's weight check after a sync: its log-probs against the trainer's on fixed probe texts."""
 
     probe_gap_mean: float
+    """Mean |engine − trainer| log-prob per probe token after the sync (nats)."""
     probe_gap_max: float
+    """Largest such gap (nats)."""
     probe_baseline_mean: float
     """The mean gap when the engine was built."""
     probe_moved_mean: float
@@ -248,7 +280,9 @@ class ProbeStats:
     probe_followed: float
     """The engine's change over the trainer's since the last checked sync (NaN: too small a change to check)."""
     probe_aligned: float
+    """Cosine of the engine's and the trainer's changes since the last checked sync (NaN: too small to check)."""
     probe_change_rms: float
+    """Per-token rms change of the trainer's probe log-probs since the last checked sync (nats)."""
 
 
 @dataclass(frozen=True)
@@ -256,6 +290,7 @@ class SyncStats:
     """A weight sync into an engine that holds its own copy of the weights (vLLM)."""
 
     sync_s: float
+    """Seconds of the weight sync into the engine."""
     probe: ProbeStats | None = field(default=None, metadata=prefixed(""))
 
 

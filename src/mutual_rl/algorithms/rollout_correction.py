@@ -40,11 +40,13 @@ class RolloutMismatch:
     logp_diff_mean: float
     """Mean ``|log π_trainer − log π_engine|`` over the measured tokens."""
     logp_diff_max: float
+    """Largest ``|log π_trainer − log π_engine|`` of a measured token."""
     kl_engine_trainer: float
     """``KL(engine‖trainer)``, k3 estimate ``mean(w − 1 − log w)``."""
     weight_mean: float
     """Mean raw weight ``w = π_trainer / π_engine``."""
     weight_max: float
+    """Largest raw weight."""
     over_cap: float
     """Share of the measured tokens with ``w`` above the cap (truncated under ``tis``, masked under ``mis``)."""
     tokens: float

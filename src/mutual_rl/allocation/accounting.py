@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from mutual_rl.names import alloc_total
 from mutual_rl.stats import Usage
 
 
@@ -38,9 +39,9 @@ class Accounting:
     def add(self, name: str, usage: PolicyUsage) -> None:
         self.totals.setdefault(name, PolicyUsage()).add(usage)
 
-    def metrics(self, prefix: str = "alloc") -> dict[str, float]:
-        """``<prefix>/<policy>/<field>_total`` for every policy and field."""
-        return {f"{prefix}/{name}/{k}_total": float(v) for name, u in self.totals.items() for k, v in asdict(u).items()}
+    def metrics(self) -> dict[str, float]:
+        """``alloc/<policy>/<field>_total`` for every policy and field (:func:`mutual_rl.names.alloc_total`)."""
+        return {alloc_total(name, k): float(v) for name, u in self.totals.items() for k, v in asdict(u).items()}
 
     def state_dict(self) -> dict:
         return {name: asdict(u) for name, u in self.totals.items()}

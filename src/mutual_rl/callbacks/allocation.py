@@ -36,6 +36,7 @@ from mutual_rl.allocation import (
     validate_placement,
     validate_schedule,
 )
+from mutual_rl.names import alloc
 
 STATE_VERSION = 1
 
@@ -135,8 +136,8 @@ class ResourceAllocation(Callback):
             self.accounting.add(name, step_usage(policy.usage(), devices=devices, ranks=world))
             self.all_fail_ema[name] = update_ema(self.all_fail_ema.get(name), policy.scoring.all_fail_frac,
                                                  self.ema_decay)
-            log[f"alloc/{name}/n"] = float(b.n)
-            log[f"alloc/{name}/update"] = float(b.update)
+            log[alloc(name, "n")] = float(b.n)
+            log[alloc(name, "update")] = float(b.update)
         self.steps += 1
         log.update(self.accounting.metrics())
         pl_module.log_dict(log, on_step=True, on_epoch=False, batch_size=max(num_prompts, 1))

@@ -1,7 +1,9 @@
-"""The TensorBoard tags the comparison reads, named in one place.
+"""The TensorBoard tags the comparison reads.
 
-The trainer writes them (the module's step metrics, the regimes, the exchange, the evaluation); this module only
-spells the names it reads. Three families:
+The trainer writes them (the module's step metrics, the regimes, the exchange, the evaluation); the names that are
+not record fields are composed by :mod:`mutual_rl.names`, and this module takes them from there. Every tag spelled
+here is one that :mod:`mutual_rl.catalogue` lists (tests/compare/test_tags_logged.py checks each against it). Three
+families:
 
 * per policy: ``<policy>/<metric>`` (:class:`PolicyTag` names the metrics; a regime's per-source metrics are
   ``<policy>/<metric>/<source>``, e.g. ``gpt2/rescued/llama``);
@@ -14,13 +16,15 @@ from __future__ import annotations
 
 from typing import Final
 
+from mutual_rl import names
+
 
 class PolicyTag:
     """Per-policy metric names (the part after ``<policy>/``)."""
 
-    VAL_PASS1: Final = "val/pass@1"  # held-out pass@1 (per skill: val/pass@1/<skill>)
-    VAL_BOXED_RATE: Final = "val/boxed_rate"
-    VAL_NUM_PROBLEMS: Final = "val/num_problems"
+    VAL_PASS1: Final = names.val(names.PASS1)  # held-out pass@1 (per skill: val/pass@1/<skill>)
+    VAL_BOXED_RATE: Final = names.val("boxed_rate")
+    VAL_NUM_PROBLEMS: Final = names.val("num_problems")
     REWARD: Final = "reward"
     GENERATED_TOKENS: Final = "generated_tokens"
     RESPONSE_LENGTH: Final = "response_length"
@@ -37,22 +41,17 @@ class PolicyTag:
 class Complementarity:
     """The parts of ``complementarity/A->B/<part>`` (the share itself has no part)."""
 
-    PREFIX: Final = "complementarity"
-    MIXED_FRAC: Final = "mixed_frac"
-    ALL_PASS_FRAC: Final = "all_pass_frac"
-    ALL_FAIL: Final = "all_fail"
-    SOLVED: Final = "solved"
+    PREFIX: Final = names.COMPLEMENTARITY
+    ALL_FAIL, SOLVED, MIXED_FRAC, ALL_PASS_FRAC = names.COMPLEMENTARITY_PARTS
 
 
-EXCHANGE: Final = "exchange"
+EXCHANGE: Final = names.EXCHANGE
 CONSUMED: Final = "consumed"
-REWARD: Final = "reward"
+REWARD: Final = names.RUN_REWARD
 """the run-level reward (no policy prefix): one per training step, its wall time times the steps"""
-
-
-def policy(p: str, metric: str) -> str:
-    """``<p>/<metric>``."""
-    return f"{p}/{metric}"
+policy = names.policy
+complementarity = names.complementarity
+exchange = names.exchange
 
 
 def policy_of(tag: str) -> str:
@@ -62,16 +61,6 @@ def policy_of(tag: str) -> str:
 
 def rescued(receiver: str, source: str) -> str:
     return f"{receiver}/{PolicyTag.RESCUED}/{source}"
-
-
-def complementarity(direction: str, part: str = "") -> str:
-    """``complementarity/<direction>`` or ``complementarity/<direction>/<part>``."""
-    return f"{Complementarity.PREFIX}/{direction}" + (f"/{part}" if part else "")
-
-
-def exchange(flow: str, count: str = "") -> str:
-    """``exchange/<flow>/<count>`` (``exchange/<flow>/`` with no count: the prefix of the flow's counts)."""
-    return f"{EXCHANGE}/{flow}/{count}"
 
 
 def is_pass1(tag: str) -> bool:

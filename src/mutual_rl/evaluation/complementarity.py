@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from mutual_rl.evaluation.metrics import ComplementarityCounts
-
-PREFIX = "complementarity"
+from mutual_rl.names import complementarity as name
+from mutual_rl.names import flow
 
 
 def complementarity_table(names: Sequence[str], all_fail: torch.Tensor, solved: torch.Tensor,
@@ -39,15 +39,15 @@ def complementarity_table(names: Sequence[str], all_fail: torch.Tensor, solved: 
         for b, name_b in enumerate(names):
             if a == b:
                 continue
-            key = f"{PREFIX}/{name_a}->{name_b}"
+            d = flow(name_a, name_b)
             fail, ok = int(all_fail[a]), int(solved[a, b])
-            out[key] = ok / fail if fail else float("nan")
-            out[f"{key}/all_fail"] = float(fail)
-            out[f"{key}/solved"] = float(ok)
+            out[name(d)] = ok / fail if fail else float("nan")
+            out[name(d, "all_fail")] = float(fail)
+            out[name(d, "solved")] = float(ok)
             if all_pass is not None:
                 full = int(all_pass[a, b])
-                out[f"{key}/mixed_frac"] = (ok - full) / fail if fail else float("nan")
-                out[f"{key}/all_pass_frac"] = full / fail if fail else float("nan")
+                out[name(d, "mixed_frac")] = (ok - full) / fail if fail else float("nan")
+                out[name(d, "all_pass_frac")] = full / fail if fail else float("nan")
     return out
 
 

@@ -45,6 +45,7 @@ from mutual_rl.evaluation.metrics import (
     majority_correct,
 )
 from mutual_rl.model.spec import SamplingSpec
+from mutual_rl.names import PASS1, VAL_MEAN, policy, val, val_metric, val_metrics
 from mutual_rl.rewards.combined import as_reward
 from mutual_rl.rewards.integer import boxed_format
 from mutual_rl.update.lockstep import gather_from_ranks, reduction_device
@@ -180,8 +181,8 @@ class Evaluator:
             m: dict[str, float] = {}
             for skill in [None, *(skills[name] if skills[name] != [""] else [])]:
                 sel = [r for r in rows if skill is None or r.skill == skill]
-                suffix = "" if skill is None else f"/{skill or 'other'}"
-                m.update({f"{key}{suffix}": v for key, v in self._reduce(sel, device).items()})
+                part = None if skill is None else skill or "other"
+                m.update({val_metric(key, part): v for key, v in self._reduce(sel, device).items()})
             out[name] = m
         self._complementarity = self._reduce_complementarity(sorted(skills))
         return out
@@ -190,10 +191,10 @@ class Evaluator:
         """Finish the evaluation: ``<policy>/val/<metric>``, complementarity (NaN-free) and ``val_pass@1`` (the mean
         pass@1 over the policies)."""
         results = self.finish()
-        flat = {f"{p}/val/{k}": v for p, ms in results.items() for k, v in ms.items()}
+        flat = {policy(p, val(k)): v for p, ms in results.items() for k, v in ms.items()}
         flat.update({k: v for k, v in self.complementarity().items() if v == v})
         if results:
-            flat["val_pass@1"] = sum(ms["pass@1"] for ms in results.values()) / len(results)
+            flat[VAL_MEAN] = sum(ms[PASS1] for ms in results.values()) / len(results)
         return flat
 
     def complementarity(self) -> dict[str, float]:
@@ -206,19 +207,17 @@ class Evaluator:
         k = self.cfg.k
         n = torch.tensor([r.n for r in rows], dtype=torch.long)
         c = torch.tensor([r.c for r in rows], dtype=torch.long)
-        metrics = {"pass@1": PassAtK(1), f"pass@{k}": PassAtK(k), f"maj@{k}": ProblemMean(),
-                   "boxed_rate": ProblemMean(), "num_problems": ProblemCount()}
-        if self.cfg.greedy:
-            metrics["greedy"] = ProblemMean()
+        pass1, pass_k, maj, boxed, *greedy, count = val_metrics(k, self.cfg.greedy)  # the logged names
+        metrics = {pass1: PassAtK(1), pass_k: PassAtK(k), maj: ProblemMean(), boxed: ProblemMean(),
+                   **{g: ProblemMean() for g in greedy}, count: ProblemCount()}
         metrics = {key: mt.to(device) for key, mt in metrics.items()}
-        metrics["pass@1"].update(n, c)
-        metrics[f"pass@{k}"].update(n, c)
-        metrics[f"maj@{k}"].update(torch.tensor([r.maj for r in rows], dtype=torch.float64))
-        metrics["boxed_rate"].update(torch.tensor([r.boxed for r in rows], dtype=torch.float64))
-        if self.cfg.greedy:
-            metrics["greedy"].update(torch.tensor([r.greedy for r in rows if r.greedy is not None],
-                                                  dtype=torch.float64))
-        metrics["num_problems"].update(torch.ones(len(rows), dtype=torch.float64))
+        metrics[pass1].update(n, c)
+        metrics[pass_k].update(n, c)
+        metrics[maj].update(torch.tensor([r.maj for r in rows], dtype=torch.float64))
+        metrics[boxed].update(torch.tensor([r.boxed for r in rows], dtype=torch.float64))
+        for g in greedy:
+            metrics[g].update(torch.tensor([r.greedy for r in rows if r.greedy is not None], dtype=torch.float64))
+        metrics[count].update(torch.ones(len(rows), dtype=torch.float64))
         return {key: float(mt.compute()) for key, mt in metrics.items()}
 
     def _reduce_complementarity(self, names: list[str]) -> dict[str, float]:

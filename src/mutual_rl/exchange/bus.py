@@ -47,6 +47,9 @@ from mutual_rl.exchange.records import (
 )
 from mutual_rl.exchange.replay import StepCache, StoredPeer
 from mutual_rl.exchange.store import write_step
+from mutual_rl.names import dropped as dropped_count
+from mutual_rl.names import exchange as exchange_name
+from mutual_rl.names import flow, published
 from mutual_rl.types import ScoredGroup
 
 STATE_VERSION = 1
@@ -71,7 +74,8 @@ class Subscription:
 
 
 def flow_name(source: str, receiver: str) -> str:
-    return f"{source}->{receiver}"
+    """``<source>-><receiver>`` (:func:`mutual_rl.names.flow`)."""
+    return flow(source, receiver)
 
 
 class ExchangeBus:
@@ -223,7 +227,7 @@ class ExchangeBus:
         self._require_open("report")
         if receiver not in self._subs:
             raise ExchangeProtocolError(f"report from receiver {receiver!r}, which never subscribed")
-        counts = {"consumed": consumed, **{f"dropped/{k}": v for k, v in (dropped or {}).items()}}
+        counts = {"consumed": consumed, **{dropped_count(k): v for k, v in (dropped or {}).items()}}
         for k, v in counts.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"report {flow_name(source, receiver)}: {k} must be an int >= 0, got {v!r}")
@@ -277,10 +281,9 @@ class ExchangeBus:
                         merged.setdefault(f, Counter()).update(c)
                 write_step(self.store_dir, step, [r for rs, _ in parts for r in rs],
                            {f: dict(c) for f, c in merged.items()}, run_id=self.run_id)
-        metrics = {f"exchange/{s}/published": float(sum(len(g.rollouts) for g in gs))
-                   for s, gs in self._published.items()}
+        metrics = {published(s): float(sum(len(g.rollouts) for g in gs)) for s, gs in self._published.items()}
         for f, c in flows.items():
-            metrics.update({f"exchange/{f}/{k}": float(v) for k, v in c.items()})
+            metrics.update({exchange_name(f, k): float(v) for k, v in c.items()})
             self._totals.setdefault(f, Counter()).update(c)
         self._steps_ended += 1
         self._last_step = step

@@ -18,14 +18,19 @@ from mutual_rl.types import NLLTerm, TrainingPlan
 
 def get_regime(name: str, **kwargs) -> Regime:
     """A new instance of regime ``name`` with its keyword arguments; bad names or arguments are one clear error."""
-    if name not in _REGIMES:
-        raise ValueError(f"Unknown regime {name!r}; choose one of: {', '.join(sorted(_REGIMES))}.")
-    cls = _REGIMES[name]
+    cls = regime_class(name)
     params = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
     unknown = sorted(set(kwargs) - set(params))
     if unknown:
         raise ValueError(f"regime {name!r} got unknown arguments {unknown}; it takes: {', '.join(params) or 'none'}.")
     return cls(**kwargs)
+
+
+def regime_class(name: str) -> type[Regime]:
+    """The class registered under ``name`` (``ValueError`` naming the registered ones otherwise)."""
+    if name not in _REGIMES:
+        raise ValueError(f"Unknown regime {name!r}; choose one of: {', '.join(sorted(_REGIMES))}.")
+    return _REGIMES[name]  # type: ignore[return-value]
 
 
 def as_regime(regime: Regime | str) -> Regime:
@@ -67,5 +72,5 @@ def available_regimes() -> list[str]:
 __all__ = [
     "FTIS", "GRAFT", "HACPO", "PRP", "SGT", "XGRPO", "NoSharing",
     "NLLTerm", "Regime", "TrainingPlan", "as_regime", "available_regimes", "get_regime", "own_batch",
-    "regime_name", "register_regime", "require_a_peer", "split_rows",
+    "regime_class", "regime_name", "register_regime", "require_a_peer", "split_rows",
 ]

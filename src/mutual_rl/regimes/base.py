@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from mutual_rl.interfaces import Regime
+from mutual_rl.names import DropReason
 from mutual_rl.types import PolicyBatch, ScoredGroup, TrainingPlan, collate
 
 _REGIMES: dict[str, Callable[..., Regime]] = {}
@@ -72,7 +73,7 @@ class PeerPairing:
             out.setdefault(src, {})
             n = sum(len(g.rollouts) for g in gs)
             if n:
-                out[src]["no_own_group"] = out[src].get("no_own_group", 0) + n
+                out[src][DropReason.NO_OWN_GROUP] = out[src].get(DropReason.NO_OWN_GROUP, 0) + n
         return {src: {k: v for k, v in f.items() if v} for src, f in out.items()}
 
 
@@ -129,4 +130,5 @@ class NoSharing(Regime):
 
     def plan(self, receiver, own, peers, num_mini_batches):
         batch = own_batch(receiver, own)
-        return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), flows=drop_all(peers, "not_subscribed"))
+        return TrainingPlan(batch, split_rows(len(batch), num_mini_batches),
+                            flows=drop_all(peers, DropReason.NOT_SUBSCRIBED))

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from mutual_rl.names import THL_STATS, thl
 from mutual_rl.thl import align_traces, alignment_groups, residual_report
 from mutual_rl.thl.offsets import encode_batch_with_offsets
 from mutual_rl.types import CrossedRollout, Rollout, collate
@@ -107,6 +108,6 @@ def thl_residual(receiver, crossed: Sequence[CrossedRollout], granularity: str =
         groups = [alignment_groups(texts[i], list(crossed[i].source.offsets), list(crossed[i].offsets), granularity)
                   for i in idx]
         rep = residual_report([aligned[i] for i in idx], [own[i] for i in idx], groups)
-        for k in ("residual_mean", "residual_p90", "residual_max", "group_count_mismatch"):
-            out[f"thl/{src}->{receiver.name}/{k}"] = rep[k]
+        for k in THL_STATS:
+            out[thl(src, receiver.name, k)] = rep[k]
     return out

@@ -72,6 +72,7 @@ import torch
 
 from mutual_rl.algorithms import KL_ESTIMATORS
 from mutual_rl.algorithms.ftis import kl_filter_keep, sequence_kl
+from mutual_rl.names import DropReason
 from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_logp, receiver_prompt_ids
 from mutual_rl.regimes.xgrpo import pooled_advantages
@@ -211,12 +212,12 @@ class FTIS(Regime):
                         gen_rows.append(gen[pos])
                         f["consumed"] = f.get("consumed", 0) + 1
                     else:
-                        f["kl_filtered"] = f.get("kl_filtered", 0) + 1
+                        f[DropReason.KL_FILTERED] = f.get(DropReason.KL_FILTERED, 0) + 1
                     pos += 1
         for src, gs in pairing.unmatched.items():
             n = sum(len(g.rollouts) for g in gs)
             if n:
-                flows.setdefault(src, {})["no_own_group"] = n
+                flows.setdefault(src, {})[DropReason.NO_OWN_GROUP] = n
         for src in peers:  # a source that delivered nothing usable still has an (empty) account
             flows.setdefault(src, {})
 

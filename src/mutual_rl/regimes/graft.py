@@ -103,6 +103,7 @@ from typing import Literal
 
 import torch
 
+from mutual_rl.names import DropReason
 from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_logp, receiver_prompt_ids
 from mutual_rl.regimes.graft_gate import gate_grid
@@ -128,15 +129,15 @@ class GraftStats:
     those of GRAFT's own how (``admitted_frac`` to ``gate``) are ``None`` under a cross rule (``update_rule``
     hacpo / sgt), whose own record is ``rule``."""
 
-    candidates: Mapping[str, int] = field(metadata=prefixed("candidates/"))
+    candidates: Mapping[str, int] = field(metadata=prefixed("candidates/", key="<source>"))
     """Per source ``S``: count of the receiver's groups in ``C_{S→R}`` (``k_R = 0``, ``1 ≤ k_S < n``)."""
-    candidates_reverse: Mapping[str, int] = field(metadata=prefixed("candidates_reverse/"))
+    candidates_reverse: Mapping[str, int] = field(metadata=prefixed("candidates_reverse/", key="<source>"))
     """Per source ``S``: count of ``S``'s groups in the reverse direction ``C_{R→S}``."""
-    selected: Mapping[str, int] = field(metadata=prefixed("selected/"))
+    selected: Mapping[str, int] = field(metadata=prefixed("selected/", key="<source>"))
     """Per source: count of its candidate groups kept after balancing."""
-    rescued_by: Mapping[str, int] = field(metadata=prefixed("rescued/"))
+    rescued_by: Mapping[str, int] = field(metadata=prefixed("rescued/", key="<source>"))
     """Per source: count of the receiver's failed groups replaced by its group (cross rule: trained with)."""
-    transferred_responses_by: Mapping[str, int] = field(metadata=prefixed("transferred_responses/"))
+    transferred_responses_by: Mapping[str, int] = field(metadata=prefixed("transferred_responses/", key="<source>"))
     """Per source: count of its responses transferred (admitted; hacpo rule: whole groups; sgt: one each)."""
     transferred_groups: int
     """Count of the receiver's groups replaced (GRAFT's how: those with an admitted row), over all sources."""
@@ -162,7 +163,7 @@ class GraftStats:
     """Smallest compatibility score ``s`` of the evaluated peer responses (``None``: none was evaluated)."""
     compat_s_max: float | None = None
     """Largest compatibility score ``s`` of the evaluated peer responses (``None``: none was evaluated)."""
-    gate: Mapping[str, float] | None = field(default=None, metadata=prefixed("gate/"))
+    gate: Mapping[str, float] | None = field(default=None, metadata=prefixed("gate/", key="<stat>"))
     """Gate grid (``graft_gate.gate_grid``): per outcome, fraction admitted per δ and quantiles of ``s``."""
     rule: SGTStats | HACPOStats | None = field(default=None, metadata=prefixed(""))
     """A cross rule's own record (logged by its own names); ``None`` under GRAFT's own how."""
@@ -391,7 +392,7 @@ class GRAFT(Regime):
             # keyed to the receiver group it was paired with, so the rule pairs it with that group again
             selected[src].append(dataclasses.replace(pg, group_id=q[1]))
             k = _successes(pg, thr)
-            dropped[src][q] = {"not_drawn": k - 1, "not_success": len(pg.rollouts) - k} \
+            dropped[src][q] = {DropReason.NOT_DRAWN: k - 1, DropReason.NOT_SUCCESS: len(pg.rollouts) - k} \
                 if self.update_rule == "sgt" else {}
         if self.update_rule == "hacpo":
             sub = rule.plan(receiver, own, selected, num_mini_batches, observed=peers)
@@ -483,7 +484,8 @@ class GRAFT(Regime):
                     rows.append(_Row(dataclasses.replace(c, old_logp=t), float(adv[i]), float(wi), True))
             if rows:
                 grafted.append(_Grafted(q, src, rows))
-            dropped[src][q] = {"compat_below_floor": len(cs) - len(rows), "not_success": len(g.rollouts) - len(cs)}
+            dropped[src][q] = {DropReason.COMPAT_BELOW_FLOOR: len(cs) - len(rows),
+                               DropReason.NOT_SUCCESS: len(g.rollouts) - len(cs)}
         return _Graft(grafted, dropped, all_s, all_ok, split, flat)
 
     def _assemble(self, receiver, own, grafted: list[_Grafted], num_mini_batches):
@@ -513,17 +515,17 @@ def _flows(peers, pairing, peer_by, selection: _Selection, dropped) -> dict[str,
     for src in peers:
         f: dict[str, int] = {}
         items = [(q, g, None) for q, g in peer_by.get(src, {}).items()]
-        items += [(None, g, "no_own_group") for g in pairing.unmatched.get(src, [])]
+        items += [(None, g, DropReason.NO_OWN_GROUP) for g in pairing.unmatched.get(src, [])]
         for q, g, fixed in items:
             n = len(g.rollouts)
             if fixed is not None:
                 reason = {fixed: n}
             elif q not in selection.candidates[src]:
-                reason = {"not_candidate": n}
+                reason = {DropReason.NOT_CANDIDATE: n}
             elif q not in selection.kept[src]:
-                reason = {"unbalanced": n}
+                reason = {DropReason.UNBALANCED: n}
             elif selection.chosen[q] != src:
-                reason = {"other_source": n}
+                reason = {DropReason.OTHER_SOURCE: n}
             else:
                 reason = {"consumed": n - sum(dropped[src][q].values()), **dropped[src][q]}
             for k, v in reason.items():

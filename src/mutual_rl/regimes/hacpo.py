@@ -87,7 +87,7 @@ __all__ = ["HACPO", "HACPOStats", "own_then_peer_mini_batches"]
 class HACPOStats:
     """HACPO's statistics of a receiver's plan (``TrainingPlan.metrics``; logged as ``<receiver>/<name>``)."""
 
-    capability: Mapping[str, float] = field(metadata=prefixed("capability/"))
+    capability: Mapping[str, float] = field(metadata=prefixed("capability/", key="<name>"))
     """Per policy (the receiver and each source): capability ``P_k``, its windowed success rate (fraction)."""
     L_m_first: float
     """``L_m``, the lower clip bound of the peer rows' sequence ratio, at the step's first update."""
@@ -95,7 +95,7 @@ class HACPOStats:
     """Count of the plans built for this receiver before this one (the ``m`` of ``lower_schedule: step``)."""
     peer_responses: int
     """Count of the peer responses (rows) pooled into the batch."""
-    cap_ratio: Mapping[str, float] = field(metadata=prefixed("cap_ratio/"))
+    cap_ratio: Mapping[str, float] = field(metadata=prefixed("cap_ratio/", key="<source>"))
     """Per source: ``P_R / P_S`` clipped to ``[ratio_min, ratio_max]`` (a ratio)."""
 
 

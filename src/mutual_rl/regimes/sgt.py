@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mutual_rl.names import DropReason
 from mutual_rl.regimes.base import Regime, group_key, own_batch, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
 from mutual_rl.stats import prefixed
@@ -62,7 +63,7 @@ from mutual_rl.types import NLLTerm, TrainingPlan, collate
 class SGTStats:
     """SGT's statistics of a receiver's plan (``TrainingPlan.metrics``; logged as ``<receiver>/<name>``)."""
 
-    rescued_by: Mapping[str, int] = field(metadata=prefixed("rescued/"))
+    rescued_by: Mapping[str, int] = field(metadata=prefixed("rescued/", key="<source>"))
     """Per source (each delivering one, 0 included): count of the rescued prompts whose draw came from it."""
     rescued: int
     """Count of the rescued prompts (gate open, one peer success drawn); the sum over ``rescued_by``."""
@@ -122,7 +123,7 @@ class SGT(Regime):
 
         for src, groups in pairing.unmatched.items():
             for g in groups:
-                count(src, "no_own_group", len(g.rollouts))
+                count(src, DropReason.NO_OWN_GROUP, len(g.rollouts))
 
         rescued: list = []  # drawn peer rollouts, in R's prompt order
         rescued_by = dict.fromkeys(peers, 0)
@@ -138,15 +139,15 @@ class SGT(Regime):
             ]
             if k_own > 0 or not candidates:
                 for src, pg in groups:
-                    count(src, "gate_closed", len(pg.rollouts))
+                    count(src, DropReason.GATE_CLOSED, len(pg.rollouts))
                 continue
             step = int(g.rollouts[0].step)
             src_d, g_d, i_d = candidates[draw_index(self.seed, step, receiver.name, g.prompt_id, len(candidates))]
             for src, pg in groups:
                 successes = int((pg.rewards > thr).sum())
-                count(src, "not_success", len(pg.rollouts) - successes)
+                count(src, DropReason.NOT_SUCCESS, len(pg.rollouts) - successes)
                 count(src, "consumed", int(pg is g_d))
-                count(src, "not_drawn", successes - int(pg is g_d))
+                count(src, DropReason.NOT_DRAWN, successes - int(pg is g_d))
             drawn = g_d.rollouts[i_d]
             rescued.append(drawn)
             rescued_by[src_d] += 1
