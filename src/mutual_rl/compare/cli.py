@@ -19,6 +19,7 @@ from jsonargparse import ArgumentParser, DefaultHelpFormatter
 
 from mutual_rl.compare.labels import DEFAULT_LABELS, LABELS, check_configs, describe, resolve_config
 from mutual_rl.compare.settings import ConfigReader, Settings
+from mutual_rl.compare.stats import require_plot_extra
 from mutual_rl.config_files import load_config
 
 USAGE = """examples:
@@ -88,6 +89,7 @@ def compare(name: str = "embedded", regimes: tuple[str, ...] | None = None, seed
         report.rebuild(s, root, order)
         return
     check_configs(s.regimes)
+    require_plot_extra()
     root.mkdir(parents=True, exist_ok=True)
     if not report_only:
         runner.run_all(s, root)

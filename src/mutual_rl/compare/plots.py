@@ -21,11 +21,10 @@ from mutual_rl.compare import tags
 from mutual_rl.compare.labels import color as _color
 from mutual_rl.compare.labels import marker as _marker
 from mutual_rl.compare.labels import style as _style
-from mutual_rl.compare.stats import mean_std
+from mutual_rl.compare.stats import PLOT_EXTRA, mean_std
 
 T = tags.PolicyTag
 SMOOTH = 20  # steps of the moving average of per-step training metrics (entropy, KL)
-PLOT_EXTRA = 'pip install "mutual-rl[plot]"'
 BASE = "grpo"  # the reference of Δ, as the table's 'Δ pass@1 vs GRPO'
 
 

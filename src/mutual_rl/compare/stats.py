@@ -43,44 +43,30 @@ def count(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x:.0f}" if x == int(x) else f"{x:.1f}"
 
 
-def t_cdf(x: float, df: int) -> float:
-    """Student's t distribution function with an integer ``df`` >= 1, in closed form (Abramowitz & Stegun 26.7.3
-    and 26.7.4, with ``θ = atan(x / sqrt(df))``): exact for every ``x``, ``±inf`` included."""
-    if int(df) != df or df < 1:
-        raise ValueError(f"t_cdf: df must be an integer >= 1, got {df}")
-    df = int(df)
-    if math.isnan(x):
-        return float("nan")
-    theta = math.atan(x / math.sqrt(df)) if not math.isinf(x) else math.copysign(math.pi / 2, x)
-    c2, sin = math.cos(theta) ** 2, math.sin(theta)
-    if df % 2:  # odd: (2/π) (θ + sin θ (cos θ + (2/3) cos³θ + ... up to cos^{df-2} θ))
-        term, total = math.cos(theta), 0.0
-        for k in range(1, (df - 1) // 2 + 1):
-            total += term
-            term *= c2 * (2 * k) / (2 * k + 1)
-        a = 2 / math.pi * (theta + sin * total)
-    else:  # even: sin θ (1 + (1/2) cos²θ + (1·3)/(2·4) cos⁴θ + ... up to cos^{df-2} θ)
-        term, total = 1.0, 0.0
-        for k in range(1, df // 2 + 1):
-            total += term
-            term *= c2 * (2 * k - 1) / (2 * k)
-        a = sin * total
-    return 0.5 + a / 2  # a = P(|T| <= x) signed like x
+PLOT_EXTRA = 'pip install "mutual-rl[plot]"'
+"""The extra that draws the figures and computes the tables' t quantiles (matplotlib, scipy)."""
+
+
+def require_plot_extra() -> None:
+    """SystemExit naming the extra when matplotlib or scipy is missing: checked before a comparison starts, so that
+    hours of runs do not end in a report that cannot be written."""
+    import importlib.util
+
+    missing = [m for m in ("matplotlib", "scipy") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SystemExit(f"[compare] the report needs {' and '.join(missing)} (its figures and t quantiles): "
+                         f"{PLOT_EXTRA}")
 
 
 def t_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile of Student's t with ``df`` degrees of freedom, 0.5 < p < 1 (bisection on :func:`t_cdf`)."""
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom, 0.5 < p < 1 (``scipy.stats.t``)."""
     if not 0.5 < p < 1:
         raise ValueError(f"t_quantile: p must be in (0.5, 1), got {p}")
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        lo, hi = hi, 2 * hi
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if mid in (lo, hi):
-            break
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-    return (lo + hi) / 2
+    try:
+        from scipy.stats import t
+    except ImportError as err:
+        raise ImportError(f"the comparison's tables need scipy: {PLOT_EXTRA}") from err
+    return float(t.ppf(p, df))
 
 
 def min_detectable_difference(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
