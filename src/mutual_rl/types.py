@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from mutual_rl.update.objectives import Objective
 
 FINISH_REASONS = ("eos", "length")
 
@@ -220,7 +223,8 @@ class TrainingPlan:
 
     ``flows[source]`` accounts for every peer response delivered to this receiver: ``{"consumed": n,
     "<drop reason>": m, ...}`` in units of responses (the exchange checks that nothing is lost).
-    ``objective`` names the loss (``update.objectives`` registry) and ``objective_kwargs`` its scalars.
+    ``objective`` is the loss (an ``update.objectives`` record, e.g. ``PRPTruncatedIS(is_cap=2.0)``; the update
+    fills in the algorithm's scalars it leaves ``None``); ``None``: DAPO with the algorithm's scalars.
     ``crossed`` lists the peer responses this plan carried into the receiver's tokenization (THL), for the
     residual report; ``None`` for a regime that crosses no text.
     ``metrics`` is the regime's own statistics of this plan: a frozen record of its class's ``stats_type``
@@ -233,8 +237,7 @@ class TrainingPlan:
     mini_batches: list[list[int]]  # row indices of each mini-batch, in execution order
     metrics: Any = None
     flows: dict[str, dict[str, int]] = field(default_factory=dict)
-    objective: str = "dapo"
-    objective_kwargs: dict = field(default_factory=dict)
+    objective: Objective | None = None
     nll: NLLTerm | None = None
     crossed: list | None = None
     histograms: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> 1-D values, logged as histograms

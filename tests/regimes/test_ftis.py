@@ -1,4 +1,4 @@
-"""F-TIS: truncated importance weights and the KL filter against hand-derived values, the ``ftis`` objective (loss,
+"""F-TIS: truncated importance weights and the KL filter against hand-derived values, the ``FTISObjective`` (loss,
 gradient, micro-batch invariance), the plan (pooled advantages, filtering, flows, shared vocabulary, repeated
 prompts) and the update on tiny policies, alone and inside the trainer."""
 
@@ -14,7 +14,7 @@ from mutual_rl.regimes import get_regime
 from mutual_rl.stats import flatten
 from mutual_rl.types import PolicyBatch
 from mutual_rl.update.config import GRPOConfig
-from mutual_rl.update.objectives import get_objective
+from mutual_rl.update.objectives import FTISObjective, Norms
 from tests.regimes.helpers_xsp import assert_flows, assert_partition
 from tests.regimes.scenario import FakeReceiver, make_group
 
@@ -126,8 +126,8 @@ def test_ftis_objective_by_hand():
     # 7 tokens; own: −Â·ρ = 1 per token, grad −Â/7 = 1/7; peer: −w·Â, grad −w·Â/7
     batch, logp0 = tiny_batch()
     logp = logp0.clone().requires_grad_(True)
-    loss, m = get_objective("ftis")(logp, batch, **GRPOConfig().loss_kwargs(), token_count=batch.response_mask.sum(),
-                                    num_seqs=3, max_len=3, is_cap=2.0)
+    objective = FTISObjective(is_cap=2.0).with_algorithm(GRPOConfig().dapo())
+    loss, m = objective.loss(logp, batch, Norms(batch.response_mask.sum(), 3, 3))
     w = torch.tensor([[2.0, 1.0, math.exp(-1.9)], [1.0, math.exp(0.4), 0.0]])
     peer = -(w * torch.tensor([[1.5], [-2.0]]) * batch.response_mask[1:])
     assert loss.item() == pytest.approx((2.0 + float(peer.sum())) / 7, abs=1e-7)
@@ -145,21 +145,20 @@ def test_ftis_objective_is_micro_batch_invariant(agg, kl):
     logp0 = logp0 + torch.tensor([[0.05, -0.1, 0.0], [0.1, -0.05, 0.2], [-0.1, 0.15, 0.0]])  # ρ ≠ 1
     ref = logp0 - 0.3
     cfg = GRPOConfig(agg=agg, kl_coef=kl)
-    fn = get_objective("ftis")
+    fn = FTISObjective(is_cap=2.0).with_algorithm(cfg.dapo())
     tc, ns = batch.response_mask.sum(), 3
     whole = logp0.clone().requires_grad_(True)
-    loss_whole, _ = fn(whole, batch, **cfg.loss_kwargs(), token_count=tc, num_seqs=ns, max_len=3, ref_logp=ref)
+    loss_whole, _ = fn.loss(whole, batch, Norms(tc, ns, 3), ref)
     loss_whole.backward()
     parts = logp0.clone().requires_grad_(True)
     total = 0.0
     for rows in ([0], [1], [2]):
-        loss, _ = fn(parts[rows], batch.select(rows), **cfg.loss_kwargs(), token_count=tc, num_seqs=ns, max_len=3,
-                     ref_logp=ref[rows])
+        loss, _ = fn.loss(parts[rows], batch.select(rows), Norms(tc, ns, 3), ref[rows])
         loss.backward()
         total += loss.item()
     assert total == pytest.approx(loss_whole.item(), abs=1e-7)
     torch.testing.assert_close(parts.grad, whole.grad, rtol=0, atol=1e-7)
-    again, _ = fn(logp0.clone(), batch, **cfg.loss_kwargs(), token_count=None, num_seqs=None, max_len=3, ref_logp=ref)
+    again, _ = fn.loss(logp0.clone(), batch, Norms(None, None, 3), ref)
     assert again.item() == pytest.approx(loss_whole.item(), abs=1e-7)
 
 
@@ -188,7 +187,7 @@ def test_plan_filters_the_off_policy_negative_sample():
     assert b.gen_logp[:2].eq(0).all()
     torch.testing.assert_close(b.old_logp[2, :6], torch.full((6,), -3.0))  # π_R,old, never recomputed
     assert b.is_peer.tolist() == [False, False, True]
-    assert plan.objective == "ftis" and plan.objective_kwargs == {"is_cap": 1.5}
+    assert plan.objective == FTISObjective(is_cap=1.5)  # DAPO's terms: the algorithm's
     assert len(plan.crossed) == 2  # both were crossed (residual report), one trained
     assert flatten(plan.metrics) == {
         "ftis/peer_rows": 1.0, "ftis/peer_frac": pytest.approx(1 / 3), "ftis/pool_size": 4.0,
@@ -231,7 +230,7 @@ def test_source_advantages_and_no_peers():
     torch.testing.assert_close(plan.batch.advantages, torch.tensor([0.0, 0.0, 0.3, -0.7]))
     base = get_regime("none").plan(recv, own, {}, 2)
     plan = get_regime("ftis").plan(recv, own, {}, 2)
-    assert plan.objective == "dapo" and plan.flows == {} and plan.batch.gen_logp is None
+    assert plan.objective is None and plan.flows == {} and plan.batch.gen_logp is None  # None: DAPO
     assert torch.equal(plan.batch.input_ids, base.batch.input_ids) and plan.mini_batches == base.mini_batches
     metrics = flatten(plan.metrics)
     assert "ftis/peer_kl_mean" not in metrics and metrics["ftis/peer_rows"] == 0.0
@@ -285,7 +284,7 @@ def test_update_on_a_tiny_policy_and_micro_batches_change_nothing():
     policy = _tiny_policy()
     _, own, peers = scenario()
     plan = get_regime("ftis", kl_threshold=None).plan(policy, own, peers, 1)
-    assert plan.objective == "ftis" and plan.batch.is_peer.sum() == 2
+    assert plan.objective == FTISObjective(is_cap=2.0) and plan.batch.is_peer.sum() == 2
     params = [p for p in policy.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     m = _update(policy, plan, GRPOConfig(num_mini_batches=1))

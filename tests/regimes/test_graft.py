@@ -81,7 +81,7 @@ def test_whole_group_replacement_keeps_source_advantages():
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"consumed": 4, "not_candidate": 8}}
     b = plan.batch
-    assert len(b) == 12 and plan.objective == "dapo"
+    assert len(b) == 12 and plan.objective is None  # DAPO
     # own rows: prompts 1 and 2 (prompt 0's failed group left); peer rows: S's whole group for prompt 0
     assert b.prompt_ids == [1] * 4 + [2] * 4 + [0] * 4
     assert b.is_peer.tolist() == [False] * 8 + [True] * 4
@@ -301,17 +301,7 @@ def test_peer_last_order_in_update():
     from mutual_rl.model.spec import PolicySpec, WarmStart
     from mutual_rl.update.config import GRPOConfig
     from mutual_rl.update.loop import update_policy
-    from mutual_rl.update.objectives import dapo, register_objective
-
-    calls = []
-    name = "test_graft_recording"
-    try:
-        @register_objective(name)
-        def _recording(logp, sub, **kw):
-            calls.append((sub.is_peer.tolist(), list(sub.prompt_ids)))
-            return dapo(logp, sub, **kw)
-    except ValueError:  # already registered by an earlier run in this process
-        pass
+    from tests.update.recording import Recording
 
     policy = build_policy(PolicySpec(name="r", model="tiny:llama-char", warmstart=WarmStart(steps=5)))
     own = [make_group("r", 0, [0, 0]), make_group("r", 1, [1, 0]), make_group("r", 2, [0, 1])]
@@ -319,7 +309,8 @@ def test_peer_last_order_in_update():
                    make_group("s", 2, [0, 0], kind="bpe")]}
     plan = GRAFT(delta=0.0).plan(policy, own, peers, 2)  # δ = 0 admits every response whatever s is
     assert_flows(plan, peers)
-    plan.objective = name
+    assert plan.objective is None  # DAPO
+    plan.objective = recording = Recording()
     # the grafted rows' old log-probs are the receiver's own (before the update), s = exp(ℓ̄_R − ℓ̄_S)
     rows = peer_rows(plan)
     sub = plan.batch.select(rows)
@@ -335,6 +326,7 @@ def test_peer_last_order_in_update():
     update_policy(policy, plan, GRPOConfig(num_mini_batches=2, old_logp="rollout", skip_zero_advantage=False),
                   backward=lambda loss: loss.backward(), step_optimizer=opt.step,
                   zero_grad=lambda: opt.zero_grad(set_to_none=True))
+    calls = [(sub.is_peer.tolist(), list(sub.prompt_ids)) for _, sub, _ in recording.calls]
     # 6 rows (own 1, 1, 2, 2, then grafted 0, 0) in the same 2 mini-batches as without grafting, grafted last
     assert [c[1] for c in calls] == [[1, 1, 2], [2, 0, 0]]
     assert [c[0] for c in calls] == [[False, False, False], [False, True, True]]

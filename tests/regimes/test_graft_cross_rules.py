@@ -11,6 +11,7 @@ import torch
 
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.graft import GRAFT
+from mutual_rl.regimes.hacpo import HACPO
 from mutual_rl.stats import flatten
 from tests.regimes.scenario import FakeReceiver, make_group
 
@@ -28,7 +29,7 @@ def scenario():
 def test_hacpo_rule_pools_only_the_selected_prompt():
     recv, own, peers = scenario()
     plan = get_regime("graft", update_rule="hacpo").plan(recv, own, peers, 2)
-    assert plan.objective == "hacpo"
+    assert plan.objective == HACPO().objective  # HACPO's, with its defaults
     b = plan.batch
     # HACPO's order: R's own rows (6) in 2 mini-batches of 3, then the 3 rows of S's q0 group in one more
     assert b.prompt_ids == [0, 0, 1, 1, 2, 2, 0, 0, 0]
@@ -64,7 +65,7 @@ def test_sgt_rule_adds_one_drawn_success_of_the_selected_prompt():
     recv, own, peers = scenario()
     plan = get_regime("graft", update_rule="sgt", rule_args={"coef": 0.25}).plan(recv, own, peers, 2)
     base = get_regime("none").plan(recv, own, {}, 2)
-    assert plan.objective == "dapo"
+    assert plan.objective is None  # DAPO
     assert torch.equal(plan.batch.input_ids, base.batch.input_ids) and plan.mini_batches == base.mini_batches
     assert torch.equal(plan.batch.advantages, base.batch.advantages)  # R's own GRPO batch, unchanged
     nll = plan.nll

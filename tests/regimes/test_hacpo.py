@@ -4,6 +4,7 @@ objective's value and gradient (hand-derived), micro-batch invariance, KL term, 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -15,8 +16,9 @@ from mutual_rl.regimes.hacpo import HACPO
 from mutual_rl.stats import flatten
 from mutual_rl.types import PolicyBatch
 from mutual_rl.update.config import GRPOConfig
-from mutual_rl.update.objectives import hacpo as hacpo_objective
+from mutual_rl.update.objectives import HACPOObjective, Norms
 from tests.regimes.scenario import FakeReceiver, make_group
+from tests.update.recording import Recording
 
 
 def assert_flows(plan, peers):
@@ -66,10 +68,9 @@ def test_plan_pooled_advantages_row_inputs_flows_metrics_interleaved_option():
     plan = get_regime("hacpo", row_order="interleaved").plan(recv, own, peers, 2)
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"consumed": 4, "no_own_group": 2}}
-    assert plan.objective == "hacpo"
-    assert plan.objective_kwargs == {"lower_start": 0.8, "lower_slope": 0.025, "lower_m0": 0, "lower_per_update": 1,
-                                     "alpha": 1.0, "self_clip_low": 3e-4, "self_clip_high": 4e-4,
-                                     "log_ratio_clamp": 10.0, "kl_peer_rows": False}
+    assert plan.objective == HACPOObjective(lower_start=0.8, lower_slope=0.025, lower_m0=0, lower_per_update=1,
+                                            alpha=1.0, self_clip_low=3e-4, self_clip_high=4e-4,
+                                            log_ratio_clamp=10.0, kl_peer_rows=False)  # KL: the algorithm's
     b = plan.batch
     assert b.prompt_ids == [0, 0, 0, 0, 1, 1, 1, 1]
     assert b.is_peer.tolist() == [False, False, True, True] * 2
@@ -134,8 +135,8 @@ def _step(regime, step, r_rewards, s_rewards):
 
 
 def _lower(plan, update_index: int = 0) -> float:
-    kw = plan.objective_kwargs
-    return lower_bound(kw["lower_m0"] + kw["lower_per_update"] * update_index, kw["lower_start"], kw["lower_slope"])
+    o = plan.objective
+    return lower_bound(o.lower_m0 + o.lower_per_update * update_index, o.lower_start, o.lower_slope)
 
 
 def test_capability_window_lm_schedule_and_state_round_trip():
@@ -155,7 +156,7 @@ def test_capability_window_lm_schedule_and_state_round_trip():
     other = HACPO(window=2, lower_schedule="step")
     other.load_state_dict(state)
     q2 = _step(other, 2, [0, 0], [1, 0])
-    assert flatten(q2.metrics) == flatten(p2.metrics) and q2.objective_kwargs == p2.objective_kwargs
+    assert flatten(q2.metrics) == flatten(p2.metrics) and q2.objective == p2.objective
     assert torch.equal(q2.batch.advantages, p2.batch.advantages)
     assert other.state_dict() == reg.state_dict()
     # a replanned step replaces its entry instead of adding one
@@ -184,9 +185,16 @@ def _example():
     return logp, _batch(old, adv, is_peer, src, cap, mask)
 
 
+def hacpo_objective(cfg: GRPOConfig | None = None, lower: float = 0.8, **regime_args):
+    """HACPO's objective as the regime builds it (its defaults), ``L_m = lower`` at the first update, completed with
+    the KL of ``cfg`` (default: the algorithm's defaults)."""
+    objective = dataclasses.replace(HACPO(**regime_args).objective, lower_start=lower)
+    return objective.with_algorithm((cfg or GRPOConfig()).dapo())
+
+
 def test_objective_value_gradient_and_metrics_hand_derived():
     logp, sub = _example()
-    loss, m = hacpo_objective(logp, sub, **GRPOConfig().loss_kwargs(), token_count=None, num_seqs=5, max_len=2, lower=0.8)
+    loss, m = hacpo_objective(lower=0.8).loss(logp, sub, Norms(None, 5, 2))
     loss.backward()
     s2 = math.exp(-0.2)  # row 2: s = e^{-0.1}, s^2
     # terms: row0 self s = e^.1 > 1 + 4e-4, Â > 0 -> 1.0004 (clipped, no grad); row1 self s = 1, Â = -1 -> -1;
@@ -206,8 +214,7 @@ def test_objective_value_gradient_and_metrics_hand_derived():
 
 def test_objective_alpha_and_lower_bound():
     logp, sub = _example()
-    loss, _ = hacpo_objective(logp, sub, **GRPOConfig().loss_kwargs(), token_count=None, num_seqs=5, max_len=2, lower=0.95,
-                              alpha=2.0)
+    loss, _ = hacpo_objective(lower=0.95, alpha=2.0).loss(logp, sub, Norms(None, 5, 2))
     loss.backward()
     # row2: s = e^{-.1} = .905 < .95 -> clipped to .95, no grad: .95 · .95² · 4; row4 -> .95³ · (-1)
     expected = -(1.0004 - 1.0 + 4 * 0.95**3 + 0.5 - 0.95**3) / 5
@@ -221,8 +228,8 @@ def test_objective_micro_batch_invariant_with_kl(kl_peer_rows):
     cfg = GRPOConfig(kl_coef=1e-3, kl_kind="k3")
     logp, sub = _example()
     ref = logp.detach() - 0.1  # d = 0.1 per token: k3 = e^{-.1} + .1 - 1
-    loss, m = hacpo_objective(logp, sub, **cfg.loss_kwargs(), token_count=None, num_seqs=5, max_len=2, ref_logp=ref,
-                              kl_peer_rows=kl_peer_rows)
+    objective = hacpo_objective(cfg, kl_peer_rows=kl_peer_rows)
+    loss, m = objective.loss(logp, sub, Norms(None, 5, 2), ref)
     loss.backward()
     k3 = math.exp(-0.1) + 0.1 - 1
     s2 = math.exp(-0.2)
@@ -244,8 +251,7 @@ def test_objective_micro_batch_invariant_with_kl(kl_peer_rows):
     for rows in ([0, 1], [2, 3, 4]):
         part = sub.select(rows)
         lp = logp2[rows]
-        loss_i, _ = hacpo_objective(lp, part, **cfg.loss_kwargs(), token_count=None, num_seqs=5, max_len=2, ref_logp=ref[rows],
-                                    kl_peer_rows=kl_peer_rows)
+        loss_i, _ = objective.loss(lp, part, Norms(None, 5, 2), ref[rows])
         loss_i.backward()
         total += float(loss_i.detach())
     assert total == pytest.approx(float(loss.detach()), abs=1e-7)
@@ -253,7 +259,7 @@ def test_objective_micro_batch_invariant_with_kl(kl_peer_rows):
 
 
 # ------------------------------------------------------------------------------------------ update
-def test_update_on_tiny_policy_with_kl(monkeypatch):
+def test_update_on_tiny_policy_with_kl():
     from mutual_rl.model.policy import build_policy
     from mutual_rl.model.spec import PolicySpec, WarmStart
     from mutual_rl.update.loop import update_policy
@@ -267,17 +273,12 @@ def test_update_on_tiny_policy_with_kl(monkeypatch):
     params = [p for p in policy.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     opt = torch.optim.SGD(params, lr=0.1)
-    seen = []  # (update_index, peer flags of the rows, L_m) of every objective call
-
-    def recording(logp, sub, **kw):
-        loss, stats = hacpo_objective(logp, sub, **kw)
-        seen.append((kw["update_index"], sub.is_peer.tolist(), float(stats.rows.L_m)))
-        return loss, stats
-
-    monkeypatch.setattr("mutual_rl.update.loop.get_objective", lambda name: recording)
+    plan.objective = recording = Recording(plan.objective)
     m = update_policy(policy, plan, GRPOConfig(num_mini_batches=2, kl_coef=1e-3, kl_kind="k3"),
                       backward=lambda loss: loss.backward(), step_optimizer=opt.step,
                       zero_grad=lambda: opt.zero_grad(set_to_none=True))
+    # (update_index, peer flags of the rows, L_m) of every objective call
+    seen = [(u, sub.is_peer.tolist(), float(stats.rows.L_m)) for u, sub, stats in recording.calls]
     # own rows in updates 0-1, peer rows in updates 2-3, L_m = 0.8 + 0.025 m (0.85, 0.875 on the peer updates)
     assert [(u, set(p)) for u, p, _ in seen] == [(0, {False}), (1, {False}), (2, {True}), (3, {True})]
     assert [lm for *_, lm in seen] == pytest.approx([0.8, 0.825, 0.85, 0.875])

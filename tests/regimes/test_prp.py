@@ -1,5 +1,5 @@
 """PRP: pooled batch (THL-crossed peers), pooled advantages, both denominators under both objective forms (clip,
-the default, and tis: the prp_tis objective)."""
+the default, and tis: the PRPTruncatedIS objective)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from mutual_rl.regimes.base import split_rows
 from mutual_rl.stats import flatten
 from mutual_rl.types import PolicyBatch
 from mutual_rl.update.config import GRPOConfig
-from mutual_rl.update.objectives import get_objective
+from mutual_rl.update.objectives import Norms, PRPTruncatedIS, resolve
 from tests.regimes.helpers_xsp import assert_flows, assert_partition
 from tests.regimes.scenario import FakeReceiver, make_group
 
@@ -52,7 +52,7 @@ def test_learner_snapshot_pooled_advantages_and_rows():
         assert b.input_ids[row, b.input_ids.shape[1] - b.response_width - len(p):
                            b.input_ids.shape[1] - b.response_width].tolist() == p
     assert b.prompt_ids == [0, 0, 0, 0]
-    assert plan.objective == "dapo" and plan.objective_kwargs == {} and b.gen_logp is None and b.cap_ratio is None
+    assert plan.objective is None and b.gen_logp is None and b.cap_ratio is None  # None: DAPO
     assert_flows(plan, peers, {"s": {"consumed": 2}})
     assert flatten(plan.metrics) == {"prp/peer_rows": 2.0, "prp/peer_frac": 0.5, "prp/pool_size": 4.0,
                             "prp/peer_adv_mean": pytest.approx(0.25 / (0.5 + EPS), abs=1e-7)}
@@ -63,16 +63,16 @@ def test_peer_aligned_rows_carry_the_aligned_trace():
     # " 34"+EOS <- ' ','3','4',EOS (-0.2 - 0.4 - 0.6 - 0.8 = -2.0 over 4 char tokens: -0.5 each);
     # "47"+EOS: one word, -6.0 over 3 tokens: -2.0 each.
     recv, own, peers = scenario()
-    assert get_regime("prp", denominator="peer_aligned").plan(recv, own, peers, 1).objective == "dapo"  # clip
+    assert get_regime("prp", denominator="peer_aligned").plan(recv, own, peers, 1).objective is None  # clip: DAPO
     plan = get_regime("prp", denominator="peer_aligned", objective="tis", is_cap=3.0).plan(recv, own, peers, 1)
     b = plan.batch
     assert b.needs_old_logp.tolist() == [False] * 4
     torch.testing.assert_close(b.old_logp[2, :6], torch.tensor([-0.2, -0.2, -0.5, -0.5, -0.5, -0.5]))
     torch.testing.assert_close(b.old_logp[3, :3], torch.tensor([-2.0, -2.0, -2.0]))
     assert b.old_logp[3, 3:].eq(0).all()
-    assert b.is_peer.tolist() == [False, False, True, True]  # the rows prp_tis treats as peer rows
+    assert b.is_peer.tolist() == [False, False, True, True]  # the rows PRPTruncatedIS treats as peer rows
     assert (b.gen_logp, b.source_mean_logp, b.cap_ratio) == (None, None, None)  # the trace is their old_logp
-    assert plan.objective == "prp_tis" and plan.objective_kwargs == {"is_cap": 3.0}
+    assert plan.objective == PRPTruncatedIS(is_cap=3.0)  # DAPO's terms: the algorithm's
     # span granularity: "12"+" "+"34" per character, identical spans -> the source trace unchanged
     plan = get_regime("prp", denominator="peer_aligned", granularity="span").plan(recv, own, peers, 1)
     torch.testing.assert_close(plan.batch.old_logp[2, :6], torch.tensor([-0.1, -0.3, -0.2, -0.4, -0.6, -0.8]))
@@ -110,8 +110,7 @@ def test_same_objective_form_under_both_denominators_hand_derived(denominator, f
     recv, own, peers = scenario()
     kw = {} if form == "clip" else {"objective": "tis"}
     plan = get_regime("prp", denominator=denominator, **kw).plan(recv, own, peers, 1)
-    assert plan.objective == {"clip": "dapo", "tis": "prp_tis"}[form]
-    assert plan.objective_kwargs == ({} if form == "clip" else {"is_cap": 2.0})
+    assert plan.objective == {"clip": None, "tis": PRPTruncatedIS(is_cap=2.0)}[form]  # None: DAPO
     peer = plan.batch.is_peer
     if denominator == "learner_snapshot":  # π_R,old, recomputed by the update
         assert plan.batch.needs_old_logp.tolist() == peer.tolist()
@@ -121,8 +120,7 @@ def test_same_objective_form_under_both_denominators_hand_derived(denominator, f
             torch.nn.functional.pad(c.source_logp, (0, plan.batch.response_width - len(c.source_logp)))
             for c in plan.crossed]))
     logp = torch.zeros(1, 4, requires_grad=True)
-    loss, _ = get_objective(plan.objective)(logp, one_peer_row(adv), **GRPOConfig().loss_kwargs(), token_count=None,
-                                            num_seqs=None, max_len=4, **plan.objective_kwargs)
+    loss, _ = resolve(plan.objective, GRPOConfig().dapo()).loss(logp, one_peer_row(adv), Norms(None, None, 4))
     loss.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([EXPECTED_GRAD[(form, adv)]]), rtol=0, atol=1e-7)
 
@@ -159,7 +157,7 @@ def test_no_peers_is_plain_grpo_and_all_pass_and_size_one():
     for denominator in ("learner_snapshot", "peer_aligned"):
         plan = get_regime("prp", denominator=denominator).plan(recv, own, {}, 2)
         base = get_regime("none").plan(recv, own, {}, 2)
-        assert plan.objective == "dapo" and plan.flows == {}
+        assert plan.objective is None and plan.flows == {}  # DAPO
         assert torch.equal(plan.batch.input_ids, base.batch.input_ids) and plan.mini_batches == base.mini_batches
         torch.testing.assert_close(plan.batch.advantages, base.batch.advantages, rtol=0, atol=0)
     # all-pass pool: zero advantages for every row; size-1 R group with a size-1 peer: pool of 2
@@ -199,9 +197,8 @@ def test_prp_tis_loss_and_gradient_by_hand():
     # peer tokens: loss -w·Â = [-3, -0.7357589, -2], grad -w·Â/5 = [-0.6, -0.1471518, -0.4]
     batch, logp0 = tiny_batch()
     logp = logp0.clone().requires_grad_(True)
-    fn = get_objective("prp_tis")
-    loss, m = fn(logp, batch, **GRPOConfig().loss_kwargs(), token_count=batch.response_mask.sum(), num_seqs=2, max_len=3,
-                 is_cap=1.5)
+    fn = PRPTruncatedIS(is_cap=1.5).with_algorithm(GRPOConfig().dapo())
+    loss, m = fn.loss(logp, batch, Norms(batch.response_mask.sum(), 2, 3))
     w = torch.tensor([1.5, math.exp(-1), 1.0])
     assert loss.item() == pytest.approx((2.0 - (w * 2.0).sum().item()) / 5, abs=1e-6)
     loss.backward()
@@ -221,8 +218,8 @@ def test_prp_tis_own_rows_keep_the_dapo_clip_and_peer_weights_scale():
     logp0[0, :2] = torch.tensor([-0.3, 0.2])
     batch.weights = torch.tensor([1.0, 0.5])
     logp = logp0.clone().requires_grad_(True)
-    loss, _ = get_objective("prp_tis")(logp, batch, **GRPOConfig().loss_kwargs(), token_count=5.0, num_seqs=2, max_len=3,
-                                       is_cap=2.0)
+    fn = PRPTruncatedIS(is_cap=2.0).with_algorithm(GRPOConfig().dapo())
+    loss, _ = fn.loss(logp, batch, Norms(5.0, 2, 3))
     loss.backward()
     r = math.exp(0.4)
     w = [min(math.exp(0.5), 2.0), math.exp(-1), 1.0]
@@ -231,7 +228,7 @@ def test_prp_tis_own_rows_keep_the_dapo_clip_and_peer_weights_scale():
     # positive own advantage above 1 + ε_high is clipped: no gradient on those tokens
     batch.advantages = torch.tensor([1.0, 2.0])
     logp = logp0.clone().requires_grad_(True)
-    get_objective("prp_tis")(logp, batch, **GRPOConfig().loss_kwargs(), token_count=5.0, num_seqs=2, max_len=3)[0].backward()
+    fn.loss(logp, batch, Norms(5.0, 2, 3))[0].backward()
     assert logp.grad[0].eq(0).all()
 
 
@@ -239,22 +236,22 @@ def test_prp_tis_own_rows_keep_the_dapo_clip_and_peer_weights_scale():
 def test_prp_tis_is_micro_batch_invariant(agg):
     batch, logp0 = tiny_batch()
     cfg = GRPOConfig(agg=agg)
-    fn = get_objective("prp_tis")
+    fn = PRPTruncatedIS(is_cap=2.0).with_algorithm(cfg.dapo())
     tc, ns = batch.response_mask.sum(), 2
     whole = logp0.clone().requires_grad_(True)
-    loss_whole, _ = fn(whole, batch, **cfg.loss_kwargs(), token_count=tc, num_seqs=ns, max_len=3)
+    loss_whole, _ = fn.loss(whole, batch, Norms(tc, ns, 3))
     loss_whole.backward()
     parts = logp0.clone().requires_grad_(True)
     total = 0.0
     for rows in ([0], [1]):
         sub = batch.select(rows)
-        loss, _ = fn(parts[rows], sub, **cfg.loss_kwargs(), token_count=tc, num_seqs=ns, max_len=3)
+        loss, _ = fn.loss(parts[rows], sub, Norms(tc, ns, 3))
         loss.backward()
         total += loss.item()
     assert total == pytest.approx(loss_whole.item(), abs=1e-7)
     torch.testing.assert_close(parts.grad, whole.grad, rtol=0, atol=1e-7)
     # without global normalisers the call normalises over all its rows (same as given)
-    again, _ = fn(logp0.clone(), batch, **cfg.loss_kwargs(), token_count=None, num_seqs=None, max_len=3)
+    again, _ = fn.loss(logp0.clone(), batch, Norms(None, None, 3))
     assert again.item() == pytest.approx(loss_whole.item(), abs=1e-7)
 
 

@@ -1,5 +1,5 @@
 """``self/approx_kl``: the k3 KL of the current policy to the receiver's behaviour policy on its *own* rows, logged
-by every objective (dapo, prp_tis, hacpo, ftis), so it compares across regimes; ``approx_kl`` is kept (all rows: for PRP
+by every objective (DAPO, PRPTruncatedIS, HACPOObjective, FTISObjective), so it compares across regimes; ``approx_kl`` is kept (all rows: for PRP
 ``peer_aligned`` its peer tokens are measured against the aligned peer trace)."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from mutual_rl.algorithms import kl_penalty, masked_mean
+from mutual_rl.regimes.hacpo import HACPO
 from mutual_rl.types import PolicyBatch
 from mutual_rl.update.config import GRPOConfig
-from mutual_rl.update.objectives import get_objective
+from mutual_rl.update.objectives import FTISObjective, Norms, PRPTruncatedIS, resolve
 
 OLD = torch.tensor([[-1.0, -2.0], [-0.5, -0.7], [-9.0, -8.0], [-7.0, -6.0]])  # rows 2, 3: peer (far-off trace)
 LOGP = torch.tensor([[-1.1, -1.8], [-0.4, -0.9], [-0.3, -0.2], [-0.5, -0.6]])
@@ -25,9 +26,8 @@ def batch(is_peer, extras=None):
                        weights=torch.ones(n), is_peer=is_peer, prompt_ids=list(range(n)), **(extras or {}))
 
 
-def run(name, sub, **kw):
-    _, m = get_objective(name)(LOGP[: len(sub)].clone(), sub, **GRPOConfig().loss_kwargs(), token_count=None,
-                               num_seqs=None, max_len=2, **kw)
+def run(objective, sub):
+    _, m = resolve(objective, GRPOConfig().dapo()).loss(LOGP[: len(sub)].clone(), sub, Norms(None, None, 2))
     return m.metrics()  # the logged names: approx_kl (all rows), self/approx_kl, peer/approx_kl
 
 
@@ -36,18 +36,19 @@ def k3(rows):
 
 
 def test_dapo_without_peers_self_equals_all_rows():
-    m = run("dapo", batch(torch.tensor([False, False])))
+    m = run(None, batch(torch.tensor([False, False])))  # None: DAPO
     assert m["self/approx_kl"] == m["approx_kl"] == pytest.approx(k3([0, 1]))
 
 
-@pytest.mark.parametrize("name,kw,extras", [
-    ("dapo", {}, None),
-    ("prp_tis", {"is_cap": 2.0}, None),
-    ("hacpo", {"lower": 0.8}, {"source_mean_logp": torch.tensor([0.0, 0.0, -8.5, -7.0]), "cap_ratio": torch.ones(4)}),
-    ("ftis", {"is_cap": 2.0}, {"gen_logp": OLD - 0.5}),  # old_logp: π_R,old of peer rows
+@pytest.mark.parametrize("name,objective,extras", [
+    ("dapo", None, None),
+    ("prp_tis", PRPTruncatedIS(is_cap=2.0), None),
+    ("hacpo", HACPO().objective,  # L_m 0.8 (the first update)
+     {"source_mean_logp": torch.tensor([0.0, 0.0, -8.5, -7.0]), "cap_ratio": torch.ones(4)}),
+    ("ftis", FTISObjective(is_cap=2.0), {"gen_logp": OLD - 0.5}),  # old_logp: π_R,old of peer rows
 ])
-def test_self_approx_kl_is_own_rows_only(name, kw, extras):
-    m = run(name, batch(PEER, extras), **kw)
+def test_self_approx_kl_is_own_rows_only(name, objective, extras):
+    m = run(objective, batch(PEER, extras))
     assert m["self/approx_kl"] == pytest.approx(k3([0, 1]), rel=1e-6)
     assert m["self/approx_kl"] < 0.1 < k3([2, 3])  # the peer trace is far off: all-rows approx_kl would show it
     if name != "hacpo":  # hacpo has no all-rows approx_kl (peer rows carry no token-level behaviour log-probs)

@@ -20,9 +20,10 @@ from mutual_rl.stats import flatten
 from mutual_rl.types import TrainingPlan, collate
 from mutual_rl.update.config import GRPOConfig
 from mutual_rl.update.loop import NonFiniteUpdateError, update_policy
-from mutual_rl.update.objectives import dapo, get_objective, register_objective
+from mutual_rl.update.objectives import Norms, resolve
 from tests.module.helpers import TASK, RecordMetrics, datamodule, module, pair, spec, trainer
 from tests.regimes.scenario import FakeReceiver, make_group
+from tests.update.recording import Recording
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +70,8 @@ def test_hacpo_peer_rows_get_gradient_at_step_50(schedule, live):
     assert b.is_peer.any() and (b.advantages[b.is_peer] != 0).all()
     for update_index in range(4):  # the four optimizer updates of step 50
         logp = torch.full(b.response_mask.shape, -0.5, requires_grad=True)
-        loss, m = get_objective("hacpo")(logp, b, **GRPOConfig().loss_kwargs(), token_count=None, num_seqs=len(b),
-                                         max_len=8, update_index=update_index, **plan.objective_kwargs)
+        loss, m = resolve(plan.objective, GRPOConfig().dapo()).loss(logp, b, Norms(None, len(b), 8),
+                                                                    update_index=update_index)
         loss.backward()
         peer_grad = float(logp.grad[b.is_peer].abs().sum())
         # "update": L_m = 0.8 + 0.025 m with m the update within the step (< 0.905): the clip passes gradient;
@@ -79,30 +80,19 @@ def test_hacpo_peer_rows_get_gradient_at_step_50(schedule, live):
         assert float(m.rows.L_m) == pytest.approx(0.8 + 0.025 * update_index if live else 1.0)
 
 
-_CALLS: list[int] = []
-
-
 def test_update_passes_the_update_index_within_the_step(policy):
-    name = "test_record_update_index"
-    try:
-        @register_objective(name)
-        def _rec(logp, sub, **kw):
-            _CALLS.append(kw["update_index"])
-            return dapo(logp, sub, **kw)
-    except ValueError:  # registered by an earlier run in this process
-        pass
-    calls = _CALLS
-    calls.clear()
+    recording = Recording()  # the base DAPO, recorded
     torch.manual_seed(0)
     problems = ArithmeticTask(**TASK).train_problems()[:4]
     rollouts = [r for g in HFRolloutEngine().generate(policy, problems, policy.spec.sampling, step=0) for r in g]
     batch = collate(rollouts, torch.tensor([1.0, -1.0] * (len(rollouts) // 2)), policy.tokenizer.pad_token_id)
-    plan = TrainingPlan(batch, [list(range(i, i + 4)) for i in range(0, 16, 4)], objective=name)
+    plan = TrainingPlan(batch, [list(range(i, i + 4)) for i in range(0, 16, 4)], objective=recording)
     _, n = _run(policy, plan, GRPOConfig(ppo_epochs=2, old_logp="rollout"))
+    calls = [u for u, *_ in recording.calls]
     assert n == 8 and calls == list(range(8))  # counted across PPO epochs; the next step starts at 0 again
-    calls.clear()
+    recording.calls.clear()
     _run(policy, plan, GRPOConfig(old_logp="rollout"))
-    assert calls == [0, 1, 2, 3]
+    assert [u for u, *_ in recording.calls] == [0, 1, 2, 3]
 
 
 # --------------------------------------------------------------------------------------------------- GRAFT
@@ -211,21 +201,3 @@ def test_non_finite_advantage_in_skip_mode_trains_nothing_and_counts(policy):
     plan.batch.advantages[0] = float("inf")
     out, n = _run(policy, plan, GRPOConfig(old_logp="rollout", on_nonfinite="skip"))
     assert n == 0 and out.nonfinite_skipped == 2.0 and out.trained_tokens == 0.0
-
-
-def test_objectives_without_update_index_keep_working(policy):
-    """An objective that does not take ``update_index`` (no ``**kwargs``) is called without it."""
-    name = "test_old_signature"
-    try:
-        @register_objective(name)
-        def _old(logp, sub, *, clip_low, clip_high, dual_clip, agg, kl_coef, kl_kind, token_count, num_seqs,
-                 max_len, ref_logp=None):
-            return dapo(logp, sub, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg,
-                        kl_coef=kl_coef, kl_kind=kl_kind, token_count=token_count, num_seqs=num_seqs,
-                        max_len=max_len, ref_logp=ref_logp)
-    except ValueError:
-        pass
-    plan = _plan_of(policy)
-    plan.objective = name
-    out, n = _run(policy, plan, GRPOConfig(old_logp="rollout"))
-    assert n == 2 and out.trained_tokens > 0

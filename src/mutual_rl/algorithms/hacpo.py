@@ -1,9 +1,10 @@
 """HACPO's math as pure tensor functions (docs/methods.md §5.6; from the public HACPO code, arXiv 2603.02604).
 
 ``capability_ratio`` and ``lower_bound`` are scalars; ``hacpo_advantages`` is one pooled group's advantages;
-``hacpo_sequence_terms`` the per-sequence surrogate; ``hacpo_sequence_loss`` the micro-batch loss the ``hacpo``
-objective computes (sequence-level ratios, the capability-weighted peer term, KL on own rows by default). The
-regime (``regimes/hacpo.py``) builds the batch; the objective (``update/objectives.py``) adapts it to these.
+``hacpo_sequence_terms`` the per-sequence surrogate; ``hacpo_sequence_loss`` the micro-batch loss
+``HACPOObjective`` computes (sequence-level ratios, the capability-weighted peer term, KL on own rows by
+default). The regime (``regimes/hacpo.py``) builds the batch; the objective (``update/objectives.py``) adapts it
+to these.
 """
 
 from __future__ import annotations

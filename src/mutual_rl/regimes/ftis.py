@@ -32,12 +32,12 @@ As implemented, for receiver ``R`` and each of its groups ``g`` (prompt ``q``):
    per-token log-likelihood ratio of the response) *(ours: estimator, per-token mean)*; a response with
    ``Â < 0`` and ``KL > kl_threshold`` is dropped; ``Â ≥ 0`` is always kept. ``kl_threshold=None`` turns the
    filter off (plain TIS, an ablation).
-6. **Objective** ``ftis`` (``update/objectives.py``; math in ``algorithms/ftis.py``): own rows the DAPO clipped
-   surrogate with ``R``'s old policy; peer rows the same clipped surrogate against ``π_R,old`` with every token
-   multiplied by ``w_t = min(exp(ℓ^R_old_t − ℓ^gen_t), is_cap)`` *(ours: the PPO clip kept on peer rows; at the
-   first mini-batch the gradient is ``−w_t Â ∇logp_t``)*. Both parts use the mini-batch's global normalisers
-   (``token_count`` / ``num_seqs``), so micro-batching changes no gradient. Without a kept peer row the plan is
-   plain ``dapo``.
+6. **Objective** ``FTISObjective`` (``update/objectives.py``; math in ``algorithms/ftis.py``): own rows the DAPO
+   clipped surrogate with ``R``'s old policy; peer rows the same clipped surrogate against ``π_R,old`` with every
+   token multiplied by ``w_t = min(exp(ℓ^R_old_t − ℓ^gen_t), is_cap)`` *(ours: the PPO clip kept on peer rows; at
+   the first mini-batch the gradient is ``−w_t Â ∇logp_t``)*. Both parts use the mini-batch's global normalisers
+   (``token_count`` / ``num_seqs``), so micro-batching changes no gradient; the DAPO terms are the algorithm's.
+   Without a kept peer row the plan is plain DAPO.
 7. **Mini-batches.** ``split_rows`` over the batch in ``R``'s prompt order (each group's own rows, then its kept
    peer rows).
 
@@ -79,6 +79,7 @@ from mutual_rl.regimes.xgrpo import pooled_advantages
 from mutual_rl.stats import prefixed
 from mutual_rl.thl import GRANULARITIES
 from mutual_rl.types import CrossedRollout, TrainingPlan, collate
+from mutual_rl.update.objectives import FTISObjective
 
 ADVANTAGES = ("pooled", "source")
 
@@ -225,14 +226,14 @@ class FTIS(Regime):
         batch = collate(rows, torch.cat(row_adv), receiver.tokenizer.pad_token_id, is_peer=is_peer,
                         needs_old_logp=[False] * len(rows))
         n_peer, n_paired = int(is_peer.sum()), len(all_crossed)
-        objective, kwargs = "dapo", {}
+        objective = None  # DAPO
         if n_peer:
             gen_mat = torch.zeros(len(rows), batch.response_width)
             for i, t in enumerate(gen_rows):
                 if t is not None:
                     gen_mat[i, : len(t)] = t
             batch.gen_logp = gen_mat
-            objective, kwargs = "ftis", {"is_cap": self.is_cap}
+            objective = FTISObjective(is_cap=self.is_cap)
         kept_adv = peer_adv[keep] if n_paired else torch.zeros(0)
         metrics = FTISStats(
             peer_rows=n_peer,
@@ -247,4 +248,4 @@ class FTIS(Regime):
         )
         return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics,
                             flows={src: {k: v for k, v in f.items() if v} for src, f in flows.items()},
-                            objective=objective, objective_kwargs=kwargs, crossed=all_crossed)
+                            objective=objective, crossed=all_crossed)

@@ -31,7 +31,7 @@ As implemented, for a receiver ``R`` and each source ``S`` (success = ``reward >
    ``old_logp``); ``transfer="successes"`` — only the selected group's successes (``k_S(q) ≥ 1`` of them) are
    crossed, evaluated and grafted, each with its source advantage, floor and weight as above; its failures are
    dropped (``not_success``). Candidates, balancing and the source choice are the same in every ablation.
-5. **Objective**: token-mean DAPO (objective ``dapo``) with ``PolicyBatch.weights = w`` (own rows ``w = 1``).
+5. **Objective**: token-mean DAPO (the base objective) with ``PolicyBatch.weights = w`` (own rows ``w = 1``).
 6. **Peer-last** (``peer_last``). ``in_batch`` (default, the paper): the grafted groups replace ``R``'s failed
    groups *inside* the batch; the rows are ``R``'s remaining own groups in order, then the grafted groups (in
    ``R``'s prompt order), split with ``split_rows`` into ``num_mini_batches`` — the number and size of the
@@ -70,8 +70,8 @@ kind, so the log shows a gap); the same shares at every δ of ``regimes.graft_ga
 - ``hacpo``: HACPO's update (``regimes/hacpo.py``, docs/methods.md §5.6) with the pooled groups restricted to the
   selected prompts: ``R``'s group for a selected ``q`` is pooled with the chosen source's whole group, every other
   prompt keeps ``R``'s own group alone (its HACPO advantage is then GRPO's); capability-weighted baseline,
-  sequence-level ratios, the ``L_m`` peer clip, own rows first and peer rows in further mini-batches, the
-  ``hacpo`` objective. The capability windows observe every delivered group, as HACPO's do. No compatibility
+  sequence-level ratios, the ``L_m`` peer clip, own rows first and peer rows in further mini-batches, HACPO's
+  objective. The capability windows observe every delivered group, as HACPO's do. No compatibility
   weight, no source advantages. Flows: the chosen group ``consumed`` whole.
 - ``sgt``: SGT's update (``regimes/sgt.py``, §5.4) on the selected prompts: ``R``'s own batch unchanged (DAPO) plus
   ``λ ·`` the NLL of one success drawn (seeded, uniformly) from the chosen source's group for each selected
@@ -373,7 +373,7 @@ class GRAFT(Regime):
             compat_s_max=float(s_all.max()) if evaluated else None,
             gate={k.removeprefix("gate/"): v for k, v in grid.items()} if grid is not None else None,
         )
-        return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, objective="dapo", crossed=graft.crossed,
+        return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, crossed=graft.crossed,
                             histograms={"compat_s": s_all})
 
     def _cross_rule(self, receiver, own, peers, pairing, peer_by, order, selection: _Selection,

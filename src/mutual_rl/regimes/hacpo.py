@@ -15,7 +15,8 @@ HACPO is a baseline (GRAFT's comparison). As implemented, for receiver ``R``:
 - **Baseline** ``b = mean_{j∈G(q)} r_j · ratio_{src(j)}``; the plain mean if all rewards in ``G(q)`` are
   identical; ``R``'s own mean reward if ``b > 1``. ``Â_j = (r_j − b) / (std(G(q)) + 1e-6)``, ``std`` unbiased
   (``torch.std``); a pooled group of size 1 has ``std = 0`` (and ``Â = 0``, its rewards being identical).
-- **Objective** ``hacpo`` (``update/objectives.py``; math in ``algorithms/hacpo.py``), per sequence ``j`` with ``ℓ̄`` = mean token log-prob:
+- **Objective** ``HACPOObjective`` (``update/objectives.py``; math in ``algorithms/hacpo.py``; built by the
+  constructor, which holds its defaults), per sequence ``j`` with ``ℓ̄`` = mean token log-prob:
   ``s_j = exp(clamp(ℓ̄_R − ℓ̄_src, ±10))``, ``ℓ̄_R`` under the current receiver policy (differentiable);
   ``ℓ̄_src`` = own rows: mean of ``R``'s old log-probs (``PolicyBatch.old_logp``); peer rows: mean of the
   source's own sampled trace in its own tokenization (extra ``src_mean_logp``).
@@ -63,6 +64,7 @@ Constructor arguments (``init_args`` of ``model.regime`` in a config): ``window`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -70,12 +72,13 @@ from typing import Literal
 
 import torch
 
-from mutual_rl.algorithms.hacpo import capability_ratio, hacpo_advantages, lower_bound
+from mutual_rl.algorithms.hacpo import capability_ratio, hacpo_advantages
 from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
 from mutual_rl.stats import prefixed
 from mutual_rl.types import TrainingPlan, collate
 from mutual_rl.update.lockstep import max_over_ranks, sum_over_ranks
+from mutual_rl.update.objectives import HACPOObjective
 
 LOWER_SCHEDULES = ("update", "step")
 ROW_ORDERS = ("own_then_peer", "interleaved")
@@ -151,10 +154,14 @@ class HACPO(Regime):
         if not 0 < ratio_min <= ratio_max:
             raise ValueError(f"hacpo: need 0 < ratio_min <= ratio_max, got {ratio_min}, {ratio_max}")
         self.window, self.floor, self.ratio_min, self.ratio_max = int(window), floor, ratio_min, ratio_max
-        self.lower_start, self.lower_slope, self.alpha = lower_start, lower_slope, alpha
-        self.self_clip_low, self.self_clip_high, self.log_ratio_clamp = self_clip_low, self_clip_high, log_ratio_clamp
         self.eps = eps
-        self.lower_schedule, self.kl_peer_rows = lower_schedule, bool(kl_peer_rows)
+        self.lower_schedule = lower_schedule
+        #: the objective of every plan (L_m's m: the update index; lower_schedule step: lower_m0 = the plan's m);
+        #: kl_coef / kl_kind are the algorithm's, filled in by the update
+        self.objective = HACPOObjective(
+            lower_start=lower_start, lower_slope=lower_slope, lower_m0=0,
+            lower_per_update=0 if lower_schedule == "step" else 1, alpha=alpha, self_clip_low=self_clip_low,
+            self_clip_high=self_clip_high, log_ratio_clamp=log_ratio_clamp, kl_peer_rows=bool(kl_peer_rows))
         self.row_order = row_order
         self.windows: dict[str, list[tuple[int, float]]] = {}
         self.updates: dict[str, int] = {}
@@ -205,8 +212,8 @@ class HACPO(Regime):
                  for src in peers}
         m = self.updates.get(name, 0)  # training steps planned so far (lower_schedule "step")
         self.updates[name] = m + 1
-        per_step = self.lower_schedule == "step"
-        lower = lower_bound(m if per_step else 0, self.lower_start, self.lower_slope)
+        objective = dataclasses.replace(self.objective, lower_m0=m) if self.lower_schedule == "step" \
+            else self.objective
 
         pairing = pair_peer_groups(own, peers)
         prompt_ids = receiver_prompt_ids(own)
@@ -246,11 +253,7 @@ class HACPO(Regime):
             source_mean_logp=torch.tensor(src_mean, dtype=torch.float32), cap_ratio=cap_all,
         )
         metrics = HACPOStats(capability={name: p_r, **{src: self.capability(src) for src in peers}},
-                             L_m_first=lower, m=m, peer_responses=sum(peer_flags),
+                             L_m_first=objective.lower(0), m=m, peer_responses=sum(peer_flags),
                              cap_ratio={src: ratio[src] for src in peers})
-        kwargs = {"lower_start": self.lower_start, "lower_slope": self.lower_slope,
-                  "lower_m0": m if per_step else 0, "lower_per_update": 0 if per_step else 1, "alpha": self.alpha,
-                  "self_clip_low": self.self_clip_low, "self_clip_high": self.self_clip_high,
-                  "log_ratio_clamp": self.log_ratio_clamp, "kl_peer_rows": self.kl_peer_rows}
         return TrainingPlan(batch, mini_batches, metrics=metrics, flows=pairing.flows(),
-                            objective="hacpo", objective_kwargs=kwargs, crossed=all_crossed)
+                            objective=objective, crossed=all_crossed)

@@ -1,4 +1,5 @@
-"""PRP: Peer Rollout Pooling (data level; docs/methods.md §5.2), and its truncated-IS objective ``prp_tis``.
+"""PRP: Peer Rollout Pooling (data level; docs/methods.md §5.2), and its truncated-IS objective
+(``PRPTruncatedIS``).
 
 As implemented, for receiver ``R`` and each prompt ``q`` of its batch:
 
@@ -26,12 +27,13 @@ As implemented, for receiver ``R`` and each prompt ``q`` of its batch:
    applies the same way under either denominator, so comparing the denominators never also compares loss forms.
    Peer token ratio ``ρ_t = exp(logp_t − old_logp_t)`` with ``old_logp`` the denominator above:
 
-   - ``clip`` (default): the DAPO clipped surrogate (objective ``dapo``) on every row, own and peer alike.
-   - ``tis``: own rows DAPO, peer rows truncated IS (objective ``prp_tis``, ``update/objectives.py``; math in
-     ``algorithms/importance.py``), with ``is_cap``; the batch's ``is_peer`` selects the rows.
+   - ``clip`` (default): the DAPO clipped surrogate (the base objective, ``DAPO``) on every row, own and peer
+     alike.
+   - ``tis``: own rows DAPO, peer rows truncated IS (objective ``PRPTruncatedIS``, ``update/objectives.py``; math
+     in ``algorithms/importance.py``), with ``is_cap``; the batch's ``is_peer`` selects the rows.
 
 Truncated importance sampling *(ours; the paper says "truncated importance weights" without an equation)*,
-objective ``prp_tis``, per peer token with ``ρ_t = exp(clamp(logp_t − old_logp_t, ±20))``, ``C = is_cap``::
+objective ``PRPTruncatedIS``, per peer token with ``ρ_t = exp(clamp(logp_t − old_logp_t, ±20))``, ``C = is_cap``::
 
     ℓ_t = −sg(min(ρ_t, C)) · Â · exp(logp_t − sg(logp_t))      (value −min(ρ_t, C)·Â, gradient −min(ρ_t, C)·Â·∇logp_t)
 
@@ -51,7 +53,7 @@ them as to any token ``R`` is pushed towards).
 
 Metrics of the plan: ``prp/peer_rows`` (peer rows in the batch), ``prp/peer_frac`` (their share of rows),
 ``prp/pool_size`` (mean pooled group size), ``prp/peer_adv_mean`` (mean pooled advantage of the peer rows).
-``prp_tis`` reports per token ``self/clip_frac_low|high``, ``self/ratio_mean`` (own tokens) and
+``PRPTruncatedIS`` reports per token ``self/clip_frac_low|high``, ``self/ratio_mean`` (own tokens) and
 ``peer/ratio_mean`` (mean ρ), ``peer/is_abs_dev`` (mean ``|ρ − 1|``), ``peer/is_trunc_frac`` (fraction with
 ``ρ > C``) for peer tokens, ``approx_kl`` (k3 to the behaviour, all tokens: peer tokens against their
 denominator, ``ℓ̃`` under ``peer_aligned``) and its
@@ -77,6 +79,7 @@ from mutual_rl.regimes.xgrpo import pooled_advantages
 from mutual_rl.stats import prefixed
 from mutual_rl.thl import GRANULARITIES
 from mutual_rl.types import CrossedRollout, TrainingPlan, collate
+from mutual_rl.update.objectives import PRPTruncatedIS
 
 DENOMINATORS = ("learner_snapshot", "peer_aligned")
 OBJECTIVES = ("clip", "tis")
@@ -157,11 +160,9 @@ class PRP(Regime):
         is_peer = torch.tensor([isinstance(r, CrossedRollout) for r in rows], dtype=torch.bool)
         batch = collate(rows, torch.cat(advs), receiver.tokenizer.pad_token_id, is_peer=is_peer)
         n_peer = int(is_peer.sum())
-        objective, kwargs = "dapo", {}
-        if self.objective == "tis" and n_peer:
-            objective, kwargs = "prp_tis", {"is_cap": self.is_cap}
+        objective = PRPTruncatedIS(is_cap=self.is_cap) if self.objective == "tis" and n_peer else None  # None: DAPO
         pa = torch.cat(peer_adv)
         metrics = PRPStats(peer_rows=n_peer, peer_frac=n_peer / len(batch), pool_size=sum(sizes) / len(sizes),
                            peer_adv_mean=float(pa.mean()) if len(pa) else 0.0)
         return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics, flows=pairing.flows(),
-                            objective=objective, objective_kwargs=kwargs, crossed=all_crossed)
+                            objective=objective, crossed=all_crossed)

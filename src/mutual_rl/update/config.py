@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from mutual_rl.update.objectives import DAPO
+
 
 @dataclass
 class GRPOConfig:
@@ -59,10 +61,11 @@ class GRPOConfig:
     """Dynamic sampling: at most this many extra rounds of data.batch_size prompts per policy and step, then train
     on the mixed groups found (logged as limit_hit); 0 = filter only."""
 
-    def loss_kwargs(self) -> dict:
-        """The scalars every objective takes (``update.objectives``): clip bounds, dual clip, aggregation, KL."""
-        return {"clip_low": self.clip_low, "clip_high": self.clip_high, "dual_clip": self.dual_clip,
-                "agg": self.agg, "kl_coef": self.kl_coef, "kl_kind": self.kl_kind}
+    def dapo(self) -> DAPO:
+        """The base objective (``update.objectives``): DAPO with these clip bounds, dual clip, aggregation and KL;
+        the update completes a regime's objective with it (``objectives.resolve``)."""
+        return DAPO(clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip, agg=self.agg,
+                    kl_coef=self.kl_coef, kl_kind=self.kl_kind)
 
     def __post_init__(self):
         from mutual_rl.algorithms import ADVANTAGE_SCALES, AGGREGATIONS, KL_ESTIMATORS

@@ -22,28 +22,28 @@ Rollout correction (``algorithm.rollout_correction``, ``algorithms/rollout_corre
 replaces an engine's trace, the mismatch is measured (``UpdateStats.rollout``) and, under ``tis`` / ``mis``, each
 token's behaviour term is weighted by ``min(π_trainer/π_engine, cap)`` or masked past the cap.
 
-Objectives come from the ``update.objectives`` registry, all defined in that module (``dapo`` by default;
-``prp_tis``, HACPO's sequence-level ``hacpo`` and ``ftis``, named by a regime's plan); the NLL term of mini-batch
-``i`` is added before its optimizer step.
+The objective is the plan's (``TrainingPlan.objective``, completed with the algorithm's scalars) or, when it names
+none, DAPO with those scalars (``GRPOConfig.dapo()``; ``update/objectives.py``); the NLL term of mini-batch ``i`` is
+added before its optimizer step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from mutual_rl.algorithms import masked_mean, policy_loss, zero_advantage_skip_mask
 from mutual_rl.algorithms.rollout_correction import behaviour_weighted, correction_weights
-from mutual_rl.stats import ObjectiveStats, UpdateStats
+from mutual_rl.stats import UpdateStats
 from mutual_rl.strategies import clip_grad_norm_
 from mutual_rl.types import NLLTerm, PolicyBatch, TrainingPlan
 from mutual_rl.update.accumulate import _MiniBatchResult
 from mutual_rl.update.config import GRPOConfig
 from mutual_rl.update.lockstep import in_lockstep, max_over_ranks, padded, sum_over_ranks, world_size
-from mutual_rl.update.objectives import get_objective
+from mutual_rl.update.objectives import Norms, Objective, resolve
 from mutual_rl.update.packing import lengths, narrow, pack, token_budget, widen
 
 _UNBOUNDED = 1 << 62  # no token bound (a budget of 0)
@@ -194,8 +194,7 @@ def update_policy(
     and agree on refusing a step.
     """
     plan = _on_device(plan, policy.device)
-    batch, objective = plan.batch, get_objective(plan.objective)
-    takes_index = _accepts(objective, "update_index")
+    batch, objective = plan.batch, resolve(plan.objective, cfg.dapo())
     temperature = policy.spec.sampling.temperature
     params = [p for p in policy.parameters() if p.requires_grad]
     lockstep = in_lockstep(policy)
@@ -216,8 +215,7 @@ def update_policy(
     for _ in range(cfg.ppo_epochs):
         for mbi in mini_batches:
             zero_grad()
-            res = _forward_backward(policy, plan, mbi, objective, cfg, backward,
-                                    {"update_index": n_updates} if takes_index else {}, weights)
+            res = _forward_backward(policy, plan, mbi, objective, cfg, backward, n_updates, weights)
             for p in params:  # a skipped mini-batch still steps, with zero gradients
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
@@ -285,13 +283,15 @@ def _recompute_and_measure(policy, batch: PolicyBatch, rows: list[int], temperat
     return (None if cfg.rollout_correction == "none" else weights), mismatch
 
 
-def _weighted_objective(objective, logp, sub, ref, w, mbi: _MiniBatch, cfg: GRPOConfig, kwargs: dict):
+def _weighted_objective(objective: Objective, logp, sub, ref, w, mbi: _MiniBatch, cfg: GRPOConfig,
+                        update_index: int):
     """The objective with the rollout correction's weights ``w`` on the behaviour term only: the objective sees
     ``logp`` with each token's gradient scaled by ``w``; a KL term's gradient is restored by a zero-valued term
     (``policy_loss`` with zero advantages: the KL alone, over the same normalisers, with the ``1 − w`` share)."""
+    norms = Norms(token_count=mbi.token_count, num_seqs=mbi.num_seqs, max_len=mbi.max_len)
     if w is None:
-        return objective(logp, sub, ref_logp=ref, **kwargs)
-    loss, stats = objective(behaviour_weighted(logp, w), sub, ref_logp=ref, **kwargs)
+        return objective.loss(logp, sub, norms, ref, update_index)
+    loss, stats = objective.loss(behaviour_weighted(logp, w), sub, norms, ref, update_index)
     if cfg.kl_coef:
         restore, _ = policy_loss(
             behaviour_weighted(logp, 1 - w), sub.old_logp, torch.zeros_like(sub.advantages), sub.response_mask,
@@ -301,11 +301,12 @@ def _weighted_objective(objective, logp, sub, ref, w, mbi: _MiniBatch, cfg: GRPO
     return loss, stats
 
 
-def _forward_backward(policy, plan: TrainingPlan, mbi: _MiniBatch, objective, cfg: GRPOConfig,
-                      backward: Callable[[torch.Tensor], None], extra_kw: dict,
+def _forward_backward(policy, plan: TrainingPlan, mbi: _MiniBatch, objective: Objective, cfg: GRPOConfig,
+                      backward: Callable[[torch.Tensor], None], update_index: int,
                       weights: torch.Tensor | None = None) -> _MiniBatchResult:
-    """Every forward/backward of one mini-batch (its parts, lockstep dummies, then the NLL term); ``weights``: the
-    rollout correction's per-token weights of the plan's batch."""
+    """Every forward/backward of one mini-batch (its parts, lockstep dummies, then the NLL term), the step's
+    optimizer update ``update_index``; ``weights``: the rollout correction's per-token weights of the plan's
+    batch."""
     temperature = policy.spec.sampling.temperature
     mb = plan.batch.select(mbi.rows) if mbi.rows else None
     res = _MiniBatchResult()
@@ -327,16 +328,12 @@ def _forward_backward(policy, plan: TrainingPlan, mbi: _MiniBatch, objective, cf
         logp, entropy = policy.response_logp(sub.input_ids, sub.attention_mask, sub.response_width, temperature,
                                              with_entropy=True)
         w = None if weights is None else weights[[mbi.rows[j] for j in mbi.parts[k]]][:, :sub.response_width]
-        loss, stats = _weighted_objective(objective, logp, sub, ref, w, mbi, cfg, {
-            **cfg.loss_kwargs(), "token_count": mbi.token_count, "num_seqs": mbi.num_seqs, "max_len": mbi.max_len,
-            **extra_kw, **plan.objective_kwargs})
+        loss, stats = _weighted_objective(objective, logp, sub, ref, w, mbi, cfg, update_index)
         loss = loss * mbi.scale
         res.finite &= bool(torch.isfinite(loss.detach()))
         backward(loss)
         n_tok = float(sub.response_mask.sum())
         res.tokens += n_tok
-        if isinstance(stats, Mapping):  # an objective registered with the older contract: a metrics mapping
-            stats = ObjectiveStats.from_algorithm(stats)
         res.add_stats(stats, n_tok)
         res.add(("rows", "entropy"), float(masked_mean(entropy, sub.response_mask)), n_tok)
         res.loss += float(loss.detach())
@@ -374,15 +371,6 @@ def _step_allowed(policy, cfg: GRPOConfig, res: _MiniBatchResult, norm: torch.Te
             policy, what, where, _CAUSE_LR,
             "that optimizer step was refused (the weights are those after the previous, finite, step)"))
     return False
-
-
-def _accepts(fn, name: str) -> bool:
-    """Whether ``fn`` takes keyword ``name`` (explicitly or through ``**kwargs``): objectives registered before
-    ``update_index`` existed keep working."""
-    import inspect
-
-    params = inspect.signature(fn).parameters.values()
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def _check_finite_weights(policy, params: list[torch.Tensor], lockstep: bool) -> None:
