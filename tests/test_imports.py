@@ -66,7 +66,8 @@ LAYERS = (
     ("update", "rollout"),
     ("regimes", "exchange", "allocation", "evaluation", "presets"),
     ("step",),
-    ("callbacks", "module", "resume", "step_metrics", "cli", "cli_errors", "compare", "catalogue"),
+    ("callbacks", "module", "resume", "step_metrics", "cli", "cli_errors", "cli_parse_errors", "compare",
+     "catalogue"),
 )
 #: the one import that runs up the layers: loading a ``tiny:`` policy builds the embedded preset (a plugin edge)
 UPWARD_ALLOWED = {("mutual_rl.model.loading", "presets")}

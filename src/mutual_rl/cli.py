@@ -37,7 +37,8 @@ from mutual_rl.callbacks.checkpointing import (
     refuse_web_url,
     verify_checkpoint_file,
 )
-from mutual_rl.cli_errors import parse_error_paragraph, report_errors, start_running
+from mutual_rl.cli_errors import report_errors, start_running
+from mutual_rl.cli_parse_errors import parse_error_paragraph
 from mutual_rl.config_files import expand_config_bases
 from mutual_rl.data.datamodule import PromptDataModule
 from mutual_rl.distributed import destroy_process_group

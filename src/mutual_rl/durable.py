@@ -65,3 +65,16 @@ def check_writable_dir(path: Path | str, what: str, fix: str) -> None:
         os.unlink(probe)
     except OSError as exc:
         raise type(exc)(exc.errno, f"{what} {str(path)!r} is not writable ({exc.strerror or exc}): {fix}") from exc
+
+
+def check_output_dirs(log_dir: str | None, checkpoint_dir: str | None, export_root: Path | str) -> None:
+    """The log folder, the checkpoint folder (when given) and the export folder are writable
+    (:func:`check_writable_dir`, each naming the setting to change)."""
+    if log_dir:
+        check_writable_dir(log_dir, "the log folder",
+                           "set trainer.default_root_dir (or the logger's save_dir) to a folder you can write")
+    if checkpoint_dir:
+        check_writable_dir(checkpoint_dir, "the checkpoint folder",
+                           "set the ModelCheckpoint's dirpath (or trainer.default_root_dir) to a folder you can write")
+    check_writable_dir(export_root, "the export folder (model.export_dir)",
+                       "set model.export_dir to a folder you can write (default: <log_dir>/export)")

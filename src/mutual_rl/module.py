@@ -18,12 +18,11 @@ from torch import nn
 from mutual_rl.callbacks.preemption import SigtermCheckpoint
 from mutual_rl.callbacks.rollout_faults import RolloutFaultCheckpoint
 from mutual_rl.distributed import (
-    gather_objects,
     lockstep_needed,
     rank_and_world,
     rank_part,
 )
-from mutual_rl.durable import check_writable_dir
+from mutual_rl.durable import check_output_dirs
 from mutual_rl.evaluation.validation import EvalConfig, Evaluator
 from mutual_rl.exchange import ExperienceExchange
 from mutual_rl.model.export import export_policies, step_folder
@@ -35,13 +34,16 @@ from mutual_rl.resume import (
     apply_optimizer_settings,
     match_policies_by_name,
     offset_rng_per_rank,
+    restore_versions_and_regimes,
     rng_to_restore,
+    run_state,
 )
 from mutual_rl.rewards import RewardTerm, build_reward
-from mutual_rl.rng import rng_state, set_rng_state
-from mutual_rl.rollout import RolloutEngine, get_engine
+from mutual_rl.rng import set_rng_state
+from mutual_rl.rollout import RolloutEngine, as_engine
 from mutual_rl.step.build import (
     build_optimizers,
+    check_host_settings,
     decay_ends,
     prepare_policies,
     receiver_regimes,
@@ -54,7 +56,7 @@ from mutual_rl.step_metrics import (
     log_samples,
     warn_on_collapse,
 )
-from mutual_rl.threads import check_num_threads, configure_threads
+from mutual_rl.threads import configure_threads
 from mutual_rl.types import PromptBatch
 from mutual_rl.update.config import GRPOConfig
 from mutual_rl.warnings_filters import ignore_inapplicable_warnings, warn_on_true_half_precision
@@ -149,16 +151,14 @@ class MutualRLModule(LightningModule):
         self.log_samples_every_n_steps = log_samples_every_n_steps
         self.eval_at_start = eval_at_start
         self.export_dir, self.cache_dir = export_dir, cache_dir
-        if export_every_n_steps < 0:
-            raise ValueError(f"model.export_every_n_steps must be >= 0 (0 = only at the end of fit), got {export_every_n_steps}.")
+        check_host_settings(reward_timeout_s=reward_timeout_s, reward_errors=reward_errors,
+                            reward_isolation=reward_isolation, prompt_overflow=prompt_overflow,
+                            thl_residual_every_n_steps=thl_residual_every_n_steps,
+                            export_every_n_steps=export_every_n_steps, num_threads=num_threads)
         self.export_every_n_steps = int(export_every_n_steps)
         self._decay_ends: dict[str, int | None] = {}  # policy -> step its LR decay ends (update/schedule.py)
         self.policies = nn.ModuleDict()
-        self.engine = get_engine(rollout_engine) if isinstance(rollout_engine, str) else rollout_engine
-        if not isinstance(self.engine, RolloutEngine):
-            raise TypeError(f"model.rollout_engine must be a RolloutEngine (mutual_rl.interfaces: generate, place, "
-                            f"sync_weights, close), e.g. class_path HFRolloutEngine or VLLMRolloutEngine, or the name "
-                            f"hf or vllm; got {type(self.engine).__name__}.")
+        self.engine = as_engine(rollout_engine)
         self._rng_to_restore, self._offset_rng_per_rank = None, False
         self._logged_keys: set[str] = set()  # every step metric ever logged (step_metrics.fill_absent)
         self._count_keys: set[str] = set()  # those that are counts (0, not NaN, when absent)
@@ -166,21 +166,9 @@ class MutualRLModule(LightningModule):
         self.memory_plan = None  # the memory plan of the card, set before step 0 on CUDA (memory/fit.py)
         self.sync_faults: list = []  # weight-sync faults kept by a finished step (callbacks/rollout_faults.py)
         self._collapse_warned: set[str] = set()
-        from mutual_rl.data.prompt_length import check_prompt_overflow_mode
-        from mutual_rl.rewards.guard import check_reward_settings
-
-        check_reward_settings(reward_timeout_s, reward_errors)
-        check_prompt_overflow_mode(prompt_overflow)
         self.reward_timeout_s, self.reward_errors = reward_timeout_s, reward_errors
-        from mutual_rl.rewards.isolation import check_isolation
-
-        check_isolation(reward_isolation)
-        self.reward_isolation = reward_isolation
-        self.prompt_overflow = prompt_overflow
-        if thl_residual_every_n_steps < 0:
-            raise ValueError(f"model.thl_residual_every_n_steps must be >= 0 (0 = never), got {thl_residual_every_n_steps}.")
+        self.reward_isolation, self.prompt_overflow = reward_isolation, prompt_overflow
         self.thl_residual_every_n_steps = int(thl_residual_every_n_steps)
-        check_num_threads(num_threads)
         self.num_threads = num_threads
         self.prompts_truncated: dict[str, int] = {}  # policy -> prompts cut to fit its context (prompt_overflow)
 
@@ -312,14 +300,7 @@ class MutualRLModule(LightningModule):
 
     # --------------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        rng = rng_state()
-        checkpoint["mutual_rl"] = {
-            "rng": rng,
-            "rng_per_rank": gather_objects(rng),  # several processes: each rank resumes its own sampling stream
-            "policies": [spec.name for spec in self.specs],  # the order of checkpoint["optimizer_states"]
-            "versions": {name: p.version for name, p in self.policies.items()},
-            "regimes": {name: r.state_dict() for name, r in self.regimes.items()},
-        }
+        checkpoint["mutual_rl"] = run_state(self.specs, self.policies, self.regimes)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Restore sampling streams, policy versions and regime states, matching policies by **name**.
@@ -338,12 +319,7 @@ class MutualRLModule(LightningModule):
             self._ckpt_label(),
             type(strategy).__name__ if strategy is not None and strategy.restore_checkpoint_after_setup else None)
         self._rng_to_restore, self._offset_rng_per_rank = rng_to_restore(state, *rank_and_world())
-        for name, v in state.get("versions", {}).items():
-            if name in self.policies:
-                self.policies[name].version = v
-        for name, r_state in state.get("regimes", {}).items():
-            if name in self.regimes:
-                self.regimes[name].load_state_dict(r_state)
+        restore_versions_and_regimes(state, self.policies, self.regimes)
 
     def _ckpt_label(self) -> str:
         path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
@@ -369,21 +345,13 @@ class MutualRLModule(LightningModule):
             require_a_peer(self.specs[0], self.regimes[self.specs[0].name])
 
     def _check_output_dirs(self) -> None:
-        """The export folder, the log folder and the checkpoint folder are writable, before any step (else the
-        export failed only after all of training). Every rank calls this (``trainer.log_dir`` is a broadcast); the
-        global-zero rank, the one that writes, checks."""
+        """The export, log and checkpoint folders are writable, before any step (else the export failed only after
+        all of training). Every rank calls this (``trainer.log_dir`` is a broadcast); the global-zero rank, the one
+        that writes, checks (:func:`mutual_rl.durable.check_output_dirs`)."""
         log_dir, export_root = self.trainer.log_dir, self._export_root()  # collectives: on every rank
-        if not self.trainer.is_global_zero:
-            return
-        if log_dir:
-            check_writable_dir(log_dir, "the log folder",
-                               "set trainer.default_root_dir (or the logger's save_dir) to a folder you can write")
-        if self.trainer.checkpoint_callback is not None and self.trainer.checkpoint_callback.dirpath:
-            check_writable_dir(self.trainer.checkpoint_callback.dirpath, "the checkpoint folder",
-                               "set the ModelCheckpoint's dirpath (or trainer.default_root_dir) to a folder you "
-                               "can write")
-        check_writable_dir(export_root, "the export folder (model.export_dir)",
-                           "set model.export_dir to a folder you can write (default: <log_dir>/export)")
+        if self.trainer.is_global_zero:
+            ckpt = self.trainer.checkpoint_callback
+            check_output_dirs(log_dir, ckpt.dirpath if ckpt is not None else None, export_root)
 
     def on_fit_start(self) -> None:
         self._decay_ends = decay_ends(self.specs, self.trainer.max_steps)

@@ -11,7 +11,9 @@ from collections.abc import Callable
 
 import torch
 
+from mutual_rl.distributed import gather_objects
 from mutual_rl.model.spec import PolicySpec
+from mutual_rl.rng import rng_state
 from mutual_rl.update.schedule import is_scheduled
 
 
@@ -81,3 +83,23 @@ def offset_rng_per_rank(rank: int, world: int) -> None:
         seed = int(torch.randint(0, 2**62, (1,)).item()) + 1_000_003 * rank
         torch.manual_seed(seed)
         random.seed(seed)
+
+
+def run_state(specs, policies, regimes) -> dict:
+    """What a checkpoint keeps beyond Lightning's (``checkpoint["mutual_rl"]``): the sampling streams (this rank's
+    and every rank's), the policies' order (that of ``checkpoint["optimizer_states"]``), their versions and the
+    regimes' states."""
+    rng = rng_state()
+    return {"rng": rng, "rng_per_rank": gather_objects(rng), "policies": [spec.name for spec in specs],
+            "versions": {name: p.version for name, p in policies.items()},
+            "regimes": {name: r.state_dict() for name, r in regimes.items()}}
+
+
+def restore_versions_and_regimes(state: dict, policies, regimes) -> None:
+    """The policies' versions and the regimes' states of :func:`run_state`, for the policies of this run."""
+    for name, v in state.get("versions", {}).items():
+        if name in policies:
+            policies[name].version = v
+    for name, r_state in state.get("regimes", {}).items():
+        if name in regimes:
+            regimes[name].load_state_dict(r_state)

@@ -55,6 +55,18 @@ def check_clip_args(clip_low: float, clip_high: float, dual_clip: float | None, 
         raise ValueError("kl_coef != 0 needs ref_logp")
 
 
+def _check_shapes(logp, old_logp, mask, advantages, weights) -> None:
+    """``logp``, ``old_logp``, ``mask``: ``[B, T]``; ``advantages`` and ``weights`` (optional): ``[B]``."""
+    if logp.dim() != 2 or logp.shape != old_logp.shape or logp.shape != mask.shape:
+        raise ValueError(
+            f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, mask {tuple(mask.shape)} must be [B, T]"
+        )
+    if advantages.shape != logp.shape[:1]:
+        raise ValueError(f"advantages must be [B]={logp.shape[0]}, got {tuple(advantages.shape)}")
+    if weights is not None and weights.shape != logp.shape[:1]:
+        raise ValueError(f"weights must be [B]={logp.shape[0]}, got {tuple(weights.shape)}")
+
+
 def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -88,14 +100,7 @@ def policy_loss(
     """
     resolve_aggregation(agg)
     resolve_kl(kl_kind)
-    if logp.dim() != 2 or logp.shape != old_logp.shape or logp.shape != mask.shape:
-        raise ValueError(
-            f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, mask {tuple(mask.shape)} must be [B, T]"
-        )
-    if advantages.shape != logp.shape[:1]:
-        raise ValueError(f"advantages must be [B]={logp.shape[0]}, got {tuple(advantages.shape)}")
-    if weights is not None and weights.shape != logp.shape[:1]:
-        raise ValueError(f"weights must be [B]={logp.shape[0]}, got {tuple(weights.shape)}")
+    _check_shapes(logp, old_logp, mask, advantages, weights)
     check_clip_args(clip_low, clip_high, dual_clip, kl_coef, ref_logp)
 
     m = mask.to(logp.dtype)

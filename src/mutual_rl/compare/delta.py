@@ -48,6 +48,43 @@ def delta_rows(summary: dict, labels, base: str = BASE) -> list[DeltaRow]:
     return rows
 
 
+def _delta_panel(ax, p: str, rows, shown: list[str], ys: dict, common, summary: dict, base: str) -> None:
+    """One policy's panel of :func:`delta_plot`: its rows' Δ ± 2 SE, the values at the right, title and axes."""
+    mine = [r for r in rows if r.policy == p]
+    ax.axvline(0, color="black", linewidth=1)
+    for r in mine:
+        y, color, has_se = ys[r.label], _color(r.label), r.lo == r.lo
+        filled = has_se and (r.lo > 0 or r.hi < 0)
+        xerr = [[r.mean - r.lo], [r.hi - r.mean]] if has_se else None
+        ax.errorbar([r.mean], [y], xerr=xerr, fmt=_marker(r.label), color=color, markersize=7,
+                    markerfacecolor=color if filled else "white", markeredgewidth=1.4, capsize=3, elinewidth=2)
+        text = f"{r.mean:+.1f} ± {(r.hi - r.mean):.1f}" if has_se else f"{r.mean:+.1f} (no SE: 1 seed)"
+        if (r.n, r.n_base) != common:
+            text += f"  ({r.n} v {r.n_base} seeds)"
+        ax.text(1.02, y, text, transform=ax.get_yaxis_transform(), va="center", fontsize=8,
+                fontweight="bold" if filled else "normal")
+    for lab in shown:
+        if not any(r.label == lab for r in mine):
+            ax.text(1.02, ys[lab], f"no {p} pass@1", transform=ax.get_yaxis_transform(), va="center", fontsize=8,
+                    color=GREY)
+    ref = summary.get(base, {}).get(p, {}).get("pass@1", {}).get("values", [])
+    if ref:
+        mu, sd = mean_std([100 * v for v in ref])
+        title = f"{p}: Δ vs GRPO ({base} {mu:.1f} ± {sd:.1f} %, {_seed_note([v for v in ref if v == v])})"
+    else:
+        title = f"{p}: no {base} pass@1 — Δ vs GRPO needs the {base} runs"
+        ax.text(0.5, 0.5, f"no {base} runs for {p}", ha="center", va="center", transform=ax.transAxes)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("Δ held-out pass@1 vs GRPO (percentage points)\nmarker: mean over seeds; bar: ± 2 SE of "
+                  "the difference over seeds (Welch)", fontsize=9)
+    ax.grid(alpha=0.3, axis="x")
+    ax.set_axisbelow(True)
+    lo = min([r.lo for r in mine if r.lo == r.lo] + [r.mean for r in mine] + [0.0])
+    hi = max([r.hi for r in mine if r.hi == r.hi] + [r.mean for r in mine] + [0.0])
+    pad = 0.08 * (hi - lo) or 1.0
+    ax.set_xlim(lo - pad, hi + pad)
+
+
 def delta_plot(args, root: Path, summary: dict, base: str = BASE) -> None:
     """``delta_pass_at_1.png``, the leading figure: per policy one panel, one row per label (the labels' order,
     top to bottom), a marker at Δ pass@1 vs GRPO and a bar of ± 2 SE of the difference over seeds
@@ -65,39 +102,7 @@ def delta_plot(args, root: Path, summary: dict, base: str = BASE) -> None:
     fig, axes = plt.subplots(1, len(policies), figsize=(5.6 * len(policies) + 1.6, 0.32 * len(shown) + 2.4),
                              sharey=True, squeeze=False)
     for ax, p in zip(axes[0], policies):
-        mine = [r for r in rows if r.policy == p]
-        ax.axvline(0, color="black", linewidth=1)
-        for r in mine:
-            y, color, has_se = ys[r.label], _color(r.label), r.lo == r.lo
-            filled = has_se and (r.lo > 0 or r.hi < 0)
-            xerr = [[r.mean - r.lo], [r.hi - r.mean]] if has_se else None
-            ax.errorbar([r.mean], [y], xerr=xerr, fmt=_marker(r.label), color=color, markersize=7,
-                        markerfacecolor=color if filled else "white", markeredgewidth=1.4, capsize=3, elinewidth=2)
-            text = f"{r.mean:+.1f} ± {(r.hi - r.mean):.1f}" if has_se else f"{r.mean:+.1f} (no SE: 1 seed)"
-            if (r.n, r.n_base) != common:
-                text += f"  ({r.n} v {r.n_base} seeds)"
-            ax.text(1.02, y, text, transform=ax.get_yaxis_transform(), va="center", fontsize=8,
-                    fontweight="bold" if filled else "normal")
-        for lab in shown:
-            if not any(r.label == lab for r in mine):
-                ax.text(1.02, ys[lab], f"no {p} pass@1", transform=ax.get_yaxis_transform(), va="center", fontsize=8,
-                        color=GREY)
-        ref = summary.get(base, {}).get(p, {}).get("pass@1", {}).get("values", [])
-        if ref:
-            mu, sd = mean_std([100 * v for v in ref])
-            title = f"{p}: Δ vs GRPO ({base} {mu:.1f} ± {sd:.1f} %, {_seed_note([v for v in ref if v == v])})"
-        else:
-            title = f"{p}: no {base} pass@1 — Δ vs GRPO needs the {base} runs"
-            ax.text(0.5, 0.5, f"no {base} runs for {p}", ha="center", va="center", transform=ax.transAxes)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("Δ held-out pass@1 vs GRPO (percentage points)\nmarker: mean over seeds; bar: ± 2 SE of "
-                      "the difference over seeds (Welch)", fontsize=9)
-        ax.grid(alpha=0.3, axis="x")
-        ax.set_axisbelow(True)
-        lo = min([r.lo for r in mine if r.lo == r.lo] + [r.mean for r in mine] + [0.0])
-        hi = max([r.hi for r in mine if r.hi == r.hi] + [r.mean for r in mine] + [0.0])
-        pad = 0.08 * (hi - lo) or 1.0
-        ax.set_xlim(lo - pad, hi + pad)
+        _delta_panel(ax, p, rows, shown, ys, common, summary, base)
     ax0 = axes[0][0]
     ax0.set_yticks(range(len(shown)), shown, fontsize=9)
     ax0.set_ylim(len(shown) - 0.5, -0.5)  # the labels' order top to bottom

@@ -216,18 +216,7 @@ def read_step_file(path: str | os.PathLike, expected_step: int | None = None) ->
             f"{path}:{len(lines)}: last line has no terminating newline -- the file is truncated"
         )
     lines = lines[:-1]
-    header = _parse(path, 1, lines[0])
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise StoredTrafficError(f"{path}:1: not a mutual_rl exchange header (expected format {FORMAT!r})")
-    version = header.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise StoredTrafficError(
-            f"{path}:1: schema_version {version!r} is not supported (this mutual_rl reads schema_version "
-            f"{SCHEMA_VERSION})"
-        )
-    step = header.get("step")
-    if expected_step is not None and step != expected_step:
-        raise StoredTrafficError(f"{path}:1: header says step {step!r}, but the file name says step {expected_step}")
+    header = _header(path, lines[0], expected_step)
     records = []
     groups: dict[tuple, int] = {}  # (policy, prompt, group) -> rollouts, for the traces' check
     traces: list[tuple[int, dict]] = []
@@ -265,7 +254,24 @@ def read_step_file(path: str | os.PathLike, expected_step: int | None = None) ->
                 f"{path}:{i}: {record_name(d)}: the trace is of response {d['index']}, but the file holds "
                 f"{n} rollout records of that group: it belongs to no recorded response"
             )
-    return StoredStep(path, step, header, tuple(records))
+    return StoredStep(path, header.get("step"), header, tuple(records))
+
+
+def _header(path: Path, line: str, expected_step: int | None) -> dict:
+    """A step file's header line, checked: format, schema version, and the step its name says."""
+    header = _parse(path, 1, line)
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise StoredTrafficError(f"{path}:1: not a mutual_rl exchange header (expected format {FORMAT!r})")
+    version = header.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise StoredTrafficError(
+            f"{path}:1: schema_version {version!r} is not supported (this mutual_rl reads schema_version "
+            f"{SCHEMA_VERSION})"
+        )
+    step = header.get("step")
+    if expected_step is not None and step != expected_step:
+        raise StoredTrafficError(f"{path}:1: header says step {step!r}, but the file name says step {expected_step}")
+    return header
 
 
 def _parse(path: Path, lineno: int, line: str):

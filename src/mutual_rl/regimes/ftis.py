@@ -225,7 +225,7 @@ class FTIS(Regime):
         is_peer = torch.tensor([isinstance(r, CrossedRollout) for r in rows], dtype=torch.bool)
         batch = collate(rows, torch.cat(row_adv), receiver.tokenizer.pad_token_id, is_peer=is_peer,
                         needs_old_logp=[False] * len(rows))
-        n_peer, n_paired = int(is_peer.sum()), len(all_crossed)
+        n_peer = int(is_peer.sum())
         objective = None  # DAPO
         if n_peer:
             gen_mat = torch.zeros(len(rows), batch.response_width)
@@ -234,18 +234,26 @@ class FTIS(Regime):
                     gen_mat[i, : len(t)] = t
             batch.gen_logp = gen_mat
             objective = FTISObjective(is_cap=self.is_cap)
-        kept_adv = peer_adv[keep] if n_paired else torch.zeros(0)
-        metrics = FTISStats(
-            peer_rows=n_peer,
-            peer_frac=n_peer / len(batch),
-            pool_size=sum(sizes) / len(sizes),
-            filtered=n_paired - n_peer,
-            filtered_frac=(n_paired - n_peer) / n_paired if n_paired else 0.0,
-            neg_frac=float((peer_adv < 0).float().mean()) if n_paired else 0.0,
-            peer_adv_mean=float(kept_adv.mean()) if len(kept_adv) else 0.0,
-            peer_kl_mean=float(kl.mean()) if n_paired else None,
-            peer_kl_max=float(kl.max()) if n_paired else None,
-        )
+        metrics = _stats(n_peer, len(batch), sizes, peer_adv, keep, kl)
         return TrainingPlan(batch, split_rows(len(batch), num_mini_batches), metrics=metrics,
                             flows={src: {k: v for k, v in f.items() if v} for src, f in flows.items()},
                             objective=objective, crossed=all_crossed)
+
+
+def _stats(n_peer: int, n_rows: int, sizes: list[int], peer_adv: torch.Tensor, keep: torch.Tensor,
+           kl: torch.Tensor) -> FTISStats:
+    """The plan's statistics: its rows, the pooled groups' sizes, the paired peer responses' advantages, which of
+    them the KL filter kept, and their KLs."""
+    n_paired = len(peer_adv)
+    kept_adv = peer_adv[keep] if n_paired else torch.zeros(0)
+    return FTISStats(
+        peer_rows=n_peer,
+        peer_frac=n_peer / n_rows,
+        pool_size=sum(sizes) / len(sizes),
+        filtered=n_paired - n_peer,
+        filtered_frac=(n_paired - n_peer) / n_paired if n_paired else 0.0,
+        neg_frac=float((peer_adv < 0).float().mean()) if n_paired else 0.0,
+        peer_adv_mean=float(kept_adv.mean()) if len(kept_adv) else 0.0,
+        peer_kl_mean=float(kl.mean()) if n_paired else None,
+        peer_kl_max=float(kl.max()) if n_paired else None,
+    )

@@ -97,8 +97,8 @@ compatibility evaluation, 16; 0 = all at once), ``peer_last`` (``in_batch`` | ``
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -106,10 +106,19 @@ import torch
 from mutual_rl.names import DropReason
 from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_logp, receiver_prompt_ids
-from mutual_rl.regimes.graft_gate import gate_grid
-from mutual_rl.regimes.hacpo import HACPO, HACPOStats
+from mutual_rl.regimes.graft_gate import compatibility_score, compatibility_weight, gate_grid
+from mutual_rl.regimes.graft_select import (
+    GraftStats,
+    Selection,
+    balanced_candidates,
+    candidate_prompts,
+    select,
+    selection_stats,
+    successes,
+)
+from mutual_rl.regimes.graft_select import flows as graft_flows
+from mutual_rl.regimes.hacpo import HACPO
 from mutual_rl.regimes.sgt import SGT, SGTStats
-from mutual_rl.stats import prefixed
 from mutual_rl.types import ScoredGroup, TrainingPlan, collate
 
 PEER_LAST = ("in_batch", "none")
@@ -121,108 +130,8 @@ __all__ = ["GRAFT", "GraftStats", "balanced_candidates", "candidate_prompts", "c
            "compatibility_weight"]
 
 
-@dataclass(frozen=True)
-class GraftStats:
-    """GRAFT's statistics of a receiver's plan (``TrainingPlan.metrics``; logged as ``<receiver>/<name>``).
-
-    The selection's fields (``candidates`` to ``transferred_responses``) are there under every update rule;
-    those of GRAFT's own how (``admitted_frac`` to ``gate``) are ``None`` under a cross rule (``update_rule``
-    hacpo / sgt), whose own record is ``rule``."""
-
-    candidates: Mapping[str, int] = field(metadata=prefixed("candidates/", key="<source>"))
-    """Per source ``S``: count of the receiver's groups in ``C_{S→R}`` (``k_R = 0``, ``1 ≤ k_S < n``)."""
-    candidates_reverse: Mapping[str, int] = field(metadata=prefixed("candidates_reverse/", key="<source>"))
-    """Per source ``S``: count of ``S``'s groups in the reverse direction ``C_{R→S}``."""
-    selected: Mapping[str, int] = field(metadata=prefixed("selected/", key="<source>"))
-    """Per source: count of its candidate groups kept after balancing."""
-    rescued_by: Mapping[str, int] = field(metadata=prefixed("rescued/", key="<source>"))
-    """Per source: count of the receiver's failed groups replaced by its group (cross rule: trained with)."""
-    transferred_responses_by: Mapping[str, int] = field(metadata=prefixed("transferred_responses/", key="<source>"))
-    """Per source: count of its responses transferred (admitted; hacpo rule: whole groups; sgt: one each)."""
-    transferred_groups: int
-    """Count of the receiver's groups replaced (GRAFT's how: those with an admitted row), over all sources."""
-    transferred_responses: int
-    """Count of the peer responses transferred, over all sources."""
-    admitted_frac: float | None = None
-    """Fraction of the evaluated peer responses admitted by the gate (0 when none was evaluated)."""
-    evaluated_success: int | None = None
-    """Count of the evaluated peer responses that are successes."""
-    evaluated_failure: int | None = None
-    """Count of the evaluated peer responses that are failures."""
-    admitted_success: int | None = None
-    """Count of the admitted peer responses that are successes."""
-    admitted_failure: int | None = None
-    """Count of the admitted peer responses that are failures."""
-    admitted_frac_success: float | None = None
-    """Fraction of the evaluated peer successes admitted (``None``: none was evaluated)."""
-    admitted_frac_failure: float | None = None
-    """Fraction of the evaluated peer failures admitted (``None``: none was evaluated)."""
-    compat_s_mean: float | None = None
-    """Mean compatibility score ``s`` of the evaluated peer responses (``None``: none was evaluated)."""
-    compat_s_min: float | None = None
-    """Smallest compatibility score ``s`` of the evaluated peer responses (``None``: none was evaluated)."""
-    compat_s_max: float | None = None
-    """Largest compatibility score ``s`` of the evaluated peer responses (``None``: none was evaluated)."""
-    gate: Mapping[str, float] | None = field(default=None, metadata=prefixed("gate/", key="<stat>"))
-    """Gate grid (``graft_gate.gate_grid``): per outcome, fraction admitted per δ and quantiles of ``s``."""
-    rule: SGTStats | HACPOStats | None = field(default=None, metadata=prefixed(""))
-    """A cross rule's own record (logged by its own names); ``None`` under GRAFT's own how."""
-
-
-def compatibility_score(receiver_mean_logp, source_mean_logp) -> torch.Tensor:
-    """``s = exp(ℓ̄_R − ℓ̄_S)`` (tensors or floats, broadcast) as a float tensor."""
-    r = torch.as_tensor(receiver_mean_logp, dtype=torch.float64)
-    s = torch.as_tensor(source_mean_logp, dtype=torch.float64)
-    return torch.exp(r - s)
-
-
-def compatibility_weight(receiver_mean_logp, source_mean_logp, delta: float = 0.8) -> torch.Tensor:
-    """GRAFT weight ``w = 1[s > δ] · min(s, 1)`` with ``s = exp(ℓ̄_R − ℓ̄_S)``; ``s ≤ δ`` gives ``w = 0``."""
-    s = compatibility_score(receiver_mean_logp, source_mean_logp)
-    return torch.where(s > delta, s.clamp(max=1.0), torch.zeros_like(s))
-
-
-def _successes(group: ScoredGroup, threshold: float) -> int:
-    return int((group.rewards > threshold).sum())
-
-
-def candidate_prompts(
-    receiver: Mapping[Hashable, ScoredGroup], source: Mapping[Hashable, ScoredGroup], success_threshold: float = 0.0
-) -> dict[Hashable, int]:
-    """``C_{S→R}`` as ``{key: k_S(q)}``: ``k_R(q) = 0`` and ``1 ≤ k_S(q) < n_S(q)``; both mappings are keyed
-    the same way (the trainer keys by the receiver's group identity, ``regimes.base.group_key``)."""
-    out = {}
-    for q, g in source.items():
-        if q not in receiver or _successes(receiver[q], success_threshold) != 0:
-            continue
-        k = _successes(g, success_threshold)
-        if 1 <= k < len(g.rollouts):
-            out[q] = k
-    return out
-
-
-def balanced_candidates(candidates: Mapping[int, int], reverse_count: int) -> set[int]:
-    """Keep the first ``m = min(|C|, reverse_count)`` candidates by ``k`` descending plus boundary ties."""
-    m = min(len(candidates), reverse_count)
-    if m == 0:
-        return set()
-    cutoff = sorted(candidates.values(), reverse=True)[m - 1]
-    return {q for q, k in candidates.items() if k >= cutoff}
-
-
 def _mean_logp(trace: torch.Tensor) -> float:
     return float(trace.double().sum() / max(trace.numel(), 1))
-
-
-@dataclass(frozen=True)
-class _Selection:
-    """Steps 1-3 of one plan: per source its candidate receiver groups (``key -> k_S``), the size of its
-    reverse candidate set and the groups kept after balancing; the source chosen for each receiver group."""
-
-    candidates: dict[str, dict]
-    reverse: dict[str, int]
-    kept: dict[str, set]
-    chosen: dict
 
 
 @dataclass(frozen=True)
@@ -344,12 +253,12 @@ class GRAFT(Regime):
         for key, pairs in pairing.by_own.items():
             for src, g in pairs:
                 peer_by[src][key] = g
-        selection = self._select(own_by, peer_by, order)
+        selection = select(own_by, peer_by, order, self.success_threshold, self.balance)
         if self._rule is not None:
             return self._cross_rule(receiver, own, peers, pairing, peer_by, order, selection,
                                     num_mini_batches)
         graft = self._graft(receiver, own, own_by, peer_by, selection.chosen)
-        flows = _flows(peers, pairing, peer_by, selection, graft.dropped)
+        flows = graft_flows(peers, pairing, peer_by, selection, graft.dropped)
         batch, mini_batches = self._assemble(receiver, own, graft.groups, num_mini_batches)
         n_peer = int(batch.is_peer.sum())
         s_all = torch.cat(graft.scores).float() if graft.scores else torch.zeros(0)
@@ -359,7 +268,7 @@ class GRAFT(Regime):
                 for kind in ("success", "failure")}
         grid = gate_grid(s_all, torch.tensor(graft.successes, dtype=torch.bool)) if evaluated else None
         metrics = GraftStats(
-            **self._selection_stats(selection, order),
+            **selection_stats(selection, order),
             rescued_by={src: sum(1 for g in graft.groups if g.source == src) for src in order},
             transferred_responses_by={src: sum(len(g.rows) for g in graft.groups if g.source == src)
                                       for src in order},
@@ -376,7 +285,7 @@ class GRAFT(Regime):
         return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, crossed=graft.crossed,
                             histograms={"compat_s": s_all})
 
-    def _cross_rule(self, receiver, own, peers, pairing, peer_by, order, selection: _Selection,
+    def _cross_rule(self, receiver, own, peers, pairing, peer_by, order, selection: Selection,
                     num_mini_batches) -> TrainingPlan:
         """GRAFT §6.3: HACPO's or SGT's update on the selected prompts (module docstring, "Cross rules")."""
         rule, thr = self._rule, self.success_threshold
@@ -391,7 +300,7 @@ class GRAFT(Regime):
             pg = peer_by[src][q]
             # keyed to the receiver group it was paired with, so the rule pairs it with that group again
             selected[src].append(dataclasses.replace(pg, group_id=q[1]))
-            k = _successes(pg, thr)
+            k = successes(pg, thr)
             dropped[src][q] = {DropReason.NOT_DRAWN: k - 1, DropReason.NOT_SUCCESS: len(pg.rollouts) - k} \
                 if self.update_rule == "sgt" else {}
         if self.update_rule == "hacpo":
@@ -407,38 +316,14 @@ class GRAFT(Regime):
             # HACPO's names (capability/, cap_ratio/, L_m_first, m, peer_responses) meet none of GRAFT's.
             rule_stats = dataclasses.replace(rule_stats, rescued_by={})
         metrics = GraftStats(
-            **self._selection_stats(selection, order),
+            **selection_stats(selection, order),
             rescued_by={src: len(selected.get(src, [])) for src in order},
             transferred_responses_by=transferred,
             transferred_groups=len(selection.chosen), transferred_responses=sum(transferred.values()),
             rule=rule_stats,
         )
-        flows = _flows(peers, pairing, peer_by, selection, dropped)
+        flows = graft_flows(peers, pairing, peer_by, selection, dropped)
         return dataclasses.replace(sub, metrics=metrics, flows=flows)
-
-    @staticmethod
-    def _selection_stats(selection: _Selection, order) -> dict:
-        """The selection's per-source counts (fields of :class:`GraftStats`), sources in ``order``."""
-        return dict(candidates={src: len(selection.candidates[src]) for src in order},
-                    candidates_reverse={src: selection.reverse[src] for src in order},
-                    selected={src: len(selection.kept[src]) for src in order})
-
-    def _select(self, own_by, peer_by, order) -> _Selection:
-        """Steps 1-3: candidates per source, balancing, and one source per receiver group (N > 2)."""
-        thr = self.success_threshold
-        rank = {src: i for i, src in enumerate(order)}
-        cands, reverse, kept = {}, {}, {}
-        for src in order:
-            cands[src] = candidate_prompts(own_by, peer_by[src], thr)
-            reverse[src] = len(candidate_prompts(peer_by[src], own_by, thr))
-            kept[src] = balanced_candidates(cands[src], reverse[src]) if self.balance else set(cands[src])
-        chosen: dict = {}  # receiver group key -> source, highest k_S then policy order
-        for src in order:
-            for q in kept[src]:
-                best = chosen.get(q)
-                if best is None or (cands[src][q], -rank[src]) > (cands[best][q], -rank[best]):
-                    chosen[q] = src
-        return _Selection(cands, reverse, kept, chosen)
 
     def _graft(self, receiver, own, own_by, peer_by, chosen) -> _Graft:
         """Step 4: cross every chosen group (its successes only with ``transfer="successes"``), score each
@@ -507,28 +392,3 @@ class GRAFT(Regime):
             weights=[r.weight for r in rows], is_peer=[r.is_peer for r in rows], needs_old_logp=[False] * len(rows),
         )
         return batch, split_rows(len(rows), num_mini_batches)  # the paper: same mini-batches, grafted ones last
-
-
-def _flows(peers, pairing, peer_by, selection: _Selection, dropped) -> dict[str, dict[str, int]]:
-    """Every delivered peer response, consumed or dropped with its reason (module docstring)."""
-    flows: dict[str, dict[str, int]] = {}
-    for src in peers:
-        f: dict[str, int] = {}
-        items = [(q, g, None) for q, g in peer_by.get(src, {}).items()]
-        items += [(None, g, DropReason.NO_OWN_GROUP) for g in pairing.unmatched.get(src, [])]
-        for q, g, fixed in items:
-            n = len(g.rollouts)
-            if fixed is not None:
-                reason = {fixed: n}
-            elif q not in selection.candidates[src]:
-                reason = {DropReason.NOT_CANDIDATE: n}
-            elif q not in selection.kept[src]:
-                reason = {DropReason.UNBALANCED: n}
-            elif selection.chosen[q] != src:
-                reason = {DropReason.OTHER_SOURCE: n}
-            else:
-                reason = {"consumed": n - sum(dropped[src][q].values()), **dropped[src][q]}
-            for k, v in reason.items():
-                f[k] = f.get(k, 0) + v
-        flows[src] = {k: v for k, v in f.items() if v}
-    return flows

@@ -58,3 +58,16 @@ def gate_grid(s: torch.Tensor, success: torch.Tensor) -> dict[str, float]:
         for q, v in zip(QUANTILES, qs.tolist()):
             out[quantile_tag(kind, q)] = float(v)
     return out
+
+
+def compatibility_score(receiver_mean_logp, source_mean_logp) -> torch.Tensor:
+    """``s = exp(ℓ̄_R − ℓ̄_S)`` (tensors or floats, broadcast) as a float tensor."""
+    r = torch.as_tensor(receiver_mean_logp, dtype=torch.float64)
+    s = torch.as_tensor(source_mean_logp, dtype=torch.float64)
+    return torch.exp(r - s)
+
+
+def compatibility_weight(receiver_mean_logp, source_mean_logp, delta: float = 0.8) -> torch.Tensor:
+    """GRAFT weight ``w = 1[s > δ] · min(s, 1)`` with ``s = exp(ℓ̄_R − ℓ̄_S)``; ``s ≤ δ`` gives ``w = 0``."""
+    s = compatibility_score(receiver_mean_logp, source_mean_logp)
+    return torch.where(s > delta, s.clamp(max=1.0), torch.zeros_like(s))

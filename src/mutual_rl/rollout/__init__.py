@@ -20,4 +20,15 @@ def get_engine(name: str, **kwargs) -> RolloutEngine:
     return ENGINES[name](**kwargs)
 
 
-__all__ = ["ENGINES", "HFRolloutEngine", "NonFiniteLogitsError", "RolloutEngine", "VLLMRolloutEngine", "get_engine"]
+def as_engine(engine: RolloutEngine | str) -> RolloutEngine:
+    """``engine`` itself, or a new engine registered under that name; a ``TypeError`` naming the setting otherwise."""
+    engine = get_engine(engine) if isinstance(engine, str) else engine
+    if not isinstance(engine, RolloutEngine):
+        raise TypeError(f"model.rollout_engine must be a RolloutEngine (mutual_rl.interfaces: generate, place, "
+                        f"sync_weights, close), e.g. class_path HFRolloutEngine or VLLMRolloutEngine, or the name "
+                        f"hf or vllm; got {type(engine).__name__}.")
+    return engine
+
+
+__all__ = ["ENGINES", "HFRolloutEngine", "NonFiniteLogitsError", "RolloutEngine", "VLLMRolloutEngine", "as_engine",
+           "get_engine"]

@@ -82,3 +82,24 @@ def prepare_policies(policies: Mapping[str, torch.nn.Module]) -> None:
     for policy in policies.values():
         if lockstep_needed(policy.model) or has_activation_checkpointing(policy.model):
             policy.share_prompts = False
+
+
+def check_host_settings(*, reward_timeout_s: float, reward_errors: str, reward_isolation: str, prompt_overflow: str,
+                        thl_residual_every_n_steps: int, export_every_n_steps: int, num_threads: int | None) -> None:
+    """The module's own settings (``model.*`` outside the policies, the regime and the algorithm), each refused with
+    one error naming it and its range."""
+    from mutual_rl.data.prompt_length import check_prompt_overflow_mode
+    from mutual_rl.rewards.guard import check_reward_settings
+    from mutual_rl.rewards.isolation import check_isolation
+    from mutual_rl.threads import check_num_threads
+
+    check_reward_settings(reward_timeout_s, reward_errors)
+    check_isolation(reward_isolation)
+    check_prompt_overflow_mode(prompt_overflow)
+    if export_every_n_steps < 0:
+        raise ValueError(f"model.export_every_n_steps must be >= 0 (0 = only at the end of fit), got "
+                         f"{export_every_n_steps}.")
+    if thl_residual_every_n_steps < 0:
+        raise ValueError(f"model.thl_residual_every_n_steps must be >= 0 (0 = never), got "
+                         f"{thl_residual_every_n_steps}.")
+    check_num_threads(num_threads)
