@@ -104,7 +104,7 @@ def test_console_script_outside_a_checkout(tmp_path):
                          timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.splitlines()[0].startswith("grpo                 configs/grpo.yaml: GRPO per policy")
-    assert len(res.stdout.splitlines()) == len(LABELS) == 22 and not (tmp_path / "results").exists()
+    assert len(res.stdout.splitlines()) == len(LABELS) == 23 and not (tmp_path / "results").exists()
 
 
 def test_matplotlib_only_for_figures(monkeypatch):
