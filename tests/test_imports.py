@@ -58,7 +58,7 @@ def test_regimes_and_evaluation_never_import_distributed():
 #: rewards; the model and its memory plan; the update and the rollout engines; regimes, the exchange, MWRA,
 #: evaluation, presets; the step; its hosts (the CLI with its error report)
 LAYERS = (
-    ("types", "stats", "names", "interfaces", "assets", "threads", "warnings_filters", "durable", "config_files",
+    ("types", "stats", "names", "sampling", "interfaces", "assets", "threads", "warnings_filters", "durable", "config_files",
      "rng"),
     ("algorithms", "thl", "distributed", "strategies", "sharding"),
     ("data", "rewards"),
@@ -168,3 +168,23 @@ def test_every_module_imports_alone():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def _type_only_imports(path: Path) -> list[str]:
+    """The ``mutual_rl`` modules ``path`` imports under ``if TYPE_CHECKING:`` (annotations only)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for sub in ast.walk(ast.Module(body=node.body, type_ignores=[])):
+                if isinstance(sub, ast.ImportFrom) and sub.module and sub.module.startswith("mutual_rl"):
+                    found.append(sub.module)
+    return found
+
+
+def test_type_only_imports_run_down_the_layers_too():
+    """An annotation-only import up the layers is a cycle a type checker sees (interfaces <-> model.spec and
+    types <-> update.objectives were two): none is left."""
+    rank = {name: i for i, names in enumerate(LAYERS) for name in names}
+    up = sorted(f"{m} -> {name}" for m, p in _modules().items() if m != "mutual_rl" for name in _type_only_imports(p)
+                if rank.get(_top(name), -1) > rank[_top(m)])
+    assert up == []

@@ -8,13 +8,11 @@ The built-in regimes are in :mod:`mutual_rl.regimes`, the engines in :mod:`mutua
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
+from mutual_rl.sampling import SamplingSpec
 from mutual_rl.stats import SyncStats
 from mutual_rl.types import Problem, Rollout, ScoredGroup, TrainingPlan
-
-if TYPE_CHECKING:
-    from mutual_rl.model.spec import SamplingSpec
 
 
 class Regime:

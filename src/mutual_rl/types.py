@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from mutual_rl.update.objectives import Objective
+from mutual_rl.stats import ObjectiveStats
 
 FINISH_REASONS = ("eos", "length")
 
@@ -215,6 +214,33 @@ class NLLTerm:
     batch: PolicyBatch
     mini_batches: list[list[int]]
     coef: float
+
+
+@dataclass(frozen=True)
+class Norms:
+    """A mini-batch's loss normalisers (global ones under FSDP lockstep); ``None``: this call's own count over all
+    its rows."""
+
+    token_count: torch.Tensor | float | None
+    """Response tokens (the token-mean denominator)."""
+    num_seqs: float | None
+    """Sequences with at least one response token (the sequence-mean denominator)."""
+    max_len: int | None
+    """The policy's configured maximum response length (the constant of ``seq-mean-token-sum-norm``)."""
+
+
+class Objective(Protocol):
+    """A training plan's loss (:mod:`mutual_rl.update.objectives` defines the built-in ones; its docstring says
+    what :func:`mutual_rl.update.loop.update_policy` calls). Here, below the regimes that choose one and the update
+    that calls it."""
+
+    def with_algorithm(self, base: Objective) -> Objective:
+        """This objective with the algorithm's scalars it leaves ``None`` taken from ``base`` (the algorithm's DAPO
+        objective)."""
+
+    def loss(self, logp: torch.Tensor, sub: PolicyBatch, norms: Norms, ref_logp: torch.Tensor | None = None,
+             update_index: int = 0) -> tuple[torch.Tensor, ObjectiveStats]:
+        """The loss of one micro-batch and its statistics."""
 
 
 @dataclass

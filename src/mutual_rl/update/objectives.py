@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -33,33 +32,9 @@ from mutual_rl.algorithms.ftis import ftis_loss
 from mutual_rl.algorithms.hacpo import hacpo_sequence_loss, lower_bound
 from mutual_rl.algorithms.importance import truncated_is_loss
 from mutual_rl.stats import ObjectiveStats
-from mutual_rl.types import PolicyBatch
+from mutual_rl.types import Norms, Objective
 
 __all__ = ["DAPO", "FTISObjective", "HACPOObjective", "Norms", "Objective", "PRPTruncatedIS", "resolve"]
-
-
-@dataclass(frozen=True)
-class Norms:
-    """A mini-batch's loss normalisers (global ones under FSDP lockstep); ``None``: this call's own count over all
-    its rows."""
-
-    token_count: torch.Tensor | float | None
-    """Response tokens (the token-mean denominator)."""
-    num_seqs: float | None
-    """Sequences with at least one response token (the sequence-mean denominator)."""
-    max_len: int | None
-    """The policy's configured maximum response length (the constant of ``seq-mean-token-sum-norm``)."""
-
-
-class Objective(Protocol):
-    """What :func:`mutual_rl.update.loop.update_policy` calls (module docstring)."""
-
-    def with_algorithm(self, base: DAPO) -> Objective:
-        """This objective with the algorithm's scalars it leaves ``None`` taken from ``base``."""
-
-    def loss(self, logp: torch.Tensor, sub: PolicyBatch, norms: Norms, ref_logp: torch.Tensor | None = None,
-             update_index: int = 0) -> tuple[torch.Tensor, ObjectiveStats]:
-        """The loss of one micro-batch and its statistics."""
 
 
 def resolve(objective: Objective | None, base: DAPO) -> Objective:
