@@ -36,7 +36,7 @@ def _copy(name: str, dest: Path, files=("summary.json", "compute.json", "curves.
     return out
 
 
-@pytest.mark.parametrize("name", ["v3", "graft_paper"])
+@pytest.mark.parametrize("name", ["v3", "v4", "graft_paper"])
 def test_comparison_table_regenerates_byte_for_byte(name, tmp_path, no_figures, capsys):
     out = _copy(name, tmp_path)
     (out / "table.md").write_text((RESULTS / name / "table.md").read_text().split("\n## gpt2\n")[0]
