@@ -24,12 +24,16 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from mutual_rl.data.prompt_length import check_prompt_overflow_mode
 from mutual_rl.distributed import lockstep_needed
 from mutual_rl.interfaces import Regime
 from mutual_rl.model.spec import PolicySpec
 from mutual_rl.regimes import as_regime, regime_name
+from mutual_rl.rewards.guard import check_reward_settings
+from mutual_rl.rewards.isolation import check_isolation
 from mutual_rl.step.dynamic import check_dynamic_sampling
 from mutual_rl.strategies import has_activation_checkpointing
+from mutual_rl.threads import check_num_threads
 from mutual_rl.update.config import GRPOConfig
 from mutual_rl.update.schedule import decay_end
 
@@ -88,11 +92,6 @@ def check_host_settings(*, reward_timeout_s: float, reward_errors: str, reward_i
                         thl_residual_every_n_steps: int, export_every_n_steps: int, num_threads: int | None) -> None:
     """The module's own settings (``model.*`` outside the policies, the regime and the algorithm), each refused with
     one error naming it and its range."""
-    from mutual_rl.data.prompt_length import check_prompt_overflow_mode
-    from mutual_rl.rewards.guard import check_reward_settings
-    from mutual_rl.rewards.isolation import check_isolation
-    from mutual_rl.threads import check_num_threads
-
     check_reward_settings(reward_timeout_s, reward_errors)
     check_isolation(reward_isolation)
     check_prompt_overflow_mode(prompt_overflow)

@@ -77,6 +77,17 @@ class DAPO:
             kl_kind=self.kl_kind,
         )
 
+    def own_rows(self, logp, sub, own_rows, token_count, num_seqs, max_len, ref_logp,
+                 keys: tuple[str, ...]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """DAPO on the own rows of a micro-batch whose peer rows another term trains (PRP ``tis``, F-TIS), with the
+        micro-batch's shared normalisers: ``(loss, {"self/<key>": ...})``; ``(0, {})`` without own rows."""
+        zero = logp.sum() * 0.0  # every row in the graph, as the peer term's rows are
+        if not len(own_rows):
+            return zero, {}
+        loss, m = self.terms(logp[own_rows], sub.select(own_rows), token_count, num_seqs, max_len,
+                             ref_logp[own_rows] if ref_logp is not None else None)
+        return zero + loss, {f"self/{k}": m[k] for k in keys}
+
     def split_metrics(self, logp, sub, max_len) -> dict[str, torch.Tensor]:
         """Clip fractions, ratio and approx. KL of self and peer tokens separately (``self/...``, ``peer/...``)."""
         out: dict[str, torch.Tensor] = {}
@@ -134,14 +145,8 @@ class PRPTruncatedIS:
         dapo = _given(self.dapo, self, "dapo")
         token_count, num_seqs, own_rows, peer_rows = _own_peer(sub, norms)
         mask = sub.response_mask
-        loss = logp.sum() * 0.0
-        metrics: dict[str, torch.Tensor] = {}
-        if len(own_rows):
-            own_loss, m = dapo.terms(logp[own_rows], sub.select(own_rows), token_count, num_seqs, norms.max_len,
-                                     ref_logp[own_rows] if ref_logp is not None else None)
-            loss = loss + own_loss
-            for k in ("clip_frac_low", "clip_frac_high", "ratio_mean", "num_tokens"):
-                metrics[f"self/{k}"] = m[k]
+        loss, metrics = dapo.own_rows(logp, sub, own_rows, token_count, num_seqs, norms.max_len, ref_logp,
+                                      ("clip_frac_low", "clip_frac_high", "ratio_mean", "num_tokens"))
         if len(peer_rows):
             part = sub.select(peer_rows)
             peer_loss, m = truncated_is_loss(
@@ -239,14 +244,8 @@ class FTISObjective:
         dapo = _given(self.dapo, self, "dapo")
         token_count, num_seqs, own_rows, peer_rows = _own_peer(sub, norms)
         mask = sub.response_mask
-        loss = logp.sum() * 0.0
-        metrics: dict[str, torch.Tensor] = {}
-        if len(own_rows):
-            own_loss, m = dapo.terms(logp[own_rows], sub.select(own_rows), token_count, num_seqs, norms.max_len,
-                                     ref_logp[own_rows] if ref_logp is not None else None)
-            loss = loss + own_loss
-            for k in ("clip_frac_low", "clip_frac_high", "ratio_mean", "approx_kl", "num_tokens"):
-                metrics[f"self/{k}"] = m[k]
+        loss, metrics = dapo.own_rows(logp, sub, own_rows, token_count, num_seqs, norms.max_len, ref_logp,
+                                      ("clip_frac_low", "clip_frac_high", "ratio_mean", "approx_kl", "num_tokens"))
         if len(peer_rows):
             part = sub.select(peer_rows)
             peer_loss, m = ftis_loss(
