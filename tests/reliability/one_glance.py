@@ -3,7 +3,8 @@ CLI as a command and expects an error: the report is one paragraph, from its hea
 error: `` or ``mutual-rl: error: ``) to the end of stderr, at most :data:`~mutual_rl.cli_errors.MAX_LINES` lines
 and not cut to fit, with no traceback anywhere, and it names the key or the thing (the fragments a test gives).
 
-Three ways to reach the report, cheapest first: :func:`command` runs ``mutual-rl ARGV`` in-process as the console
+Unit-level cases (an error raised by the Python API) use :func:`raises`: ``pytest.raises`` that then checks the
+report the command would print for that exception. Three ways to reach the report, cheapest first: :func:`command` runs ``mutual-rl ARGV`` in-process as the console
 command does (``sys.argv`` set, ``main()``: :func:`~mutual_rl.cli_errors.report_errors` reports); :func:`reported`
 gives what the command prints and exits with for an exception an in-process ``main([...])`` raised (the test keeps
 its checks on the exception itself); a subprocess's stderr goes straight to :func:`one_glance`."""
@@ -60,3 +61,15 @@ def reported(exc: BaseException, *, running: bool, argv: tuple[str, ...] = ()) -
     with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_:
         report_errors(run, list(argv))
     return exit_.value.code, err.getvalue()
+
+
+@contextlib.contextmanager
+def raises(expected, *names: str, match: str | None = None, running: bool = True):
+    """``pytest.raises(expected, match=match)``, then the one-glance check of what the ``mutual-rl`` command would
+    print for the exception (:func:`reported`; ``running``: raised during the run, exit 1; else configuration,
+    exit 2), naming each of ``names``."""
+    with pytest.raises(expected, match=match) as info:
+        yield info
+    code, err = reported(info.value, running=running)
+    assert code == (1 if running else 2), (code, err)
+    one_glance(err, *names)

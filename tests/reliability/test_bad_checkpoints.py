@@ -24,6 +24,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from mutual_rl.callbacks.checkpointing import AtomicCheckpointIO
 from mutual_rl.cli import build_cli, main
 from tests.module.helpers import datamodule, fit_command, module, pair, spec, subprocess_env, trainer
+from tests.reliability import one_glance
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -99,7 +100,7 @@ def test_resume_matches_policies_by_name_not_position(tmp_path):
 def test_resume_with_a_renamed_policy_is_one_error_naming_both_lists(tmp_path):
     path = _fit_one_step(tmp_path, pair())
     specs = [spec("gpt2", "tiny:gpt2-bpe"), spec("llama2", "tiny:llama-char")]
-    with pytest.raises(ValueError) as e:
+    with one_glance.raises(ValueError) as e:
         trainer(tmp_path / "b", max_steps=2, enable_checkpointing=True).fit(
             module(specs), datamodule=datamodule(), ckpt_path=path)
     msg = str(e.value)
@@ -111,7 +112,7 @@ def test_resume_with_a_renamed_policy_is_one_error_naming_both_lists(tmp_path):
 @pytest.mark.slow
 def test_resume_with_an_extra_policy_is_one_error(tmp_path):
     path = _fit_one_step(tmp_path, [spec("gpt2", "tiny:gpt2-bpe")])
-    with pytest.raises(ValueError, match=r"holds policies \['gpt2'\] but model.policies lists \['gpt2', 'llama'\]"):
+    with one_glance.raises(ValueError, match=r"holds policies \['gpt2'\] but model.policies lists \['gpt2', 'llama'\]"):
         trainer(tmp_path / "b", max_steps=2, enable_checkpointing=True).fit(
             module(pair()), datamodule=datamodule(), ckpt_path=path)
 
@@ -181,7 +182,7 @@ def test_full_disk_mid_write_keeps_the_previous_last_ckpt(tmp_path, monkeypatch,
 
     monkeypatch.setattr(torch, "save", full_disk_save)
     monkeypatch.setattr(os, "sendfile", full_disk_sendfile)
-    with pytest.raises(OSError) as e:
+    with one_glance.raises(OSError) as e:
         io_plugin.save_checkpoint({"step": 2, "w": torch.zeros(50_000)}, last)
     assert e.value.errno == errno.ENOSPC
     monkeypatch.undo()
@@ -205,7 +206,7 @@ def test_a_really_full_disk_names_the_checkpoint_and_the_free_space(tiny_disk):
     """torch.save on a full disk says ``[enforce fail at inline_container.cc:672] . unexpected pos``: the error
     now names the file and the space left, and nothing is left behind."""
     last = tiny_disk / "ckpt" / "last.ckpt"
-    with pytest.raises(OSError) as e:
+    with one_glance.raises(OSError) as e:
         AtomicCheckpointIO().save_checkpoint({"w": torch.ones(300_000)}, last)  # 1.2 MB
     assert e.value.errno == errno.ENOSPC
     assert f"no space left on the device writing the checkpoint {str(last)!r} (0.6 MiB free there now)" in str(e.value)
@@ -221,7 +222,7 @@ def test_a_full_disk_at_export_names_the_policy_and_the_folder(tiny_disk):
     from mutual_rl.model.policy import build_policy
 
     policy = build_policy(spec("g", "tiny:gpt2-bpe"))
-    with pytest.raises(OSError) as e:
+    with one_glance.raises(OSError) as e:
         export_policies({"g": policy}, tiny_disk / "export", write=True)
     assert e.value.errno == errno.ENOSPC
     assert f"writing the export of policy 'g' to {str(tiny_disk / 'export' / 'g')!r}" in str(e.value)
@@ -243,7 +244,7 @@ def _fit_args(tmp_path, *extra):
 def test_random_bytes_ckpt_path_is_not_a_valid_checkpoint(tmp_path):
     bad = tmp_path / "random.ckpt"
     bad.write_bytes(os.urandom(4096))
-    with pytest.raises(ValueError, match=f"checkpoint '{bad}' is not a valid mutual-rl checkpoint") as e:
+    with one_glance.raises(ValueError, match=f"checkpoint '{bad}' is not a valid mutual-rl checkpoint") as e:
         main(_fit_args(tmp_path, "--ckpt_path", str(bad)))
     assert "weights_only" not in str(e.value)
 
@@ -253,9 +254,9 @@ def test_truncated_ckpt_path_is_not_a_valid_checkpoint(tmp_path):
     good = _fit_one_step(tmp_path, [spec("g", "tiny:gpt2-bpe")])
     cut = tmp_path / "cut.ckpt"
     cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
-    with pytest.raises(ValueError, match=f"checkpoint '{cut}' is not a valid mutual-rl checkpoint.*truncated"):
+    with one_glance.raises(ValueError, match=f"checkpoint '{cut}' is not a valid mutual-rl checkpoint.*truncated"):
         main(_fit_args(tmp_path, "--ckpt_path", str(cut)))
-    with pytest.raises(ValueError, match="is not a valid mutual-rl checkpoint"):  # also through Trainer.fit
+    with one_glance.raises(ValueError, match="is not a valid mutual-rl checkpoint"):  # also through Trainer.fit
         trainer(tmp_path / "t", plugins=[AtomicCheckpointIO()]).fit(
             module([spec("g", "tiny:gpt2-bpe")]), datamodule=datamodule(), ckpt_path=cut)
 
@@ -263,7 +264,7 @@ def test_truncated_ckpt_path_is_not_a_valid_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_missing_ckpt_path_names_the_path(tmp_path):
     missing = tmp_path / "nope" / "last.ckpt"
-    with pytest.raises(FileNotFoundError, match=f"checkpoint '{missing}' does not exist"):
+    with one_glance.raises(FileNotFoundError, match=f"checkpoint '{missing}' does not exist"):
         main(_fit_args(tmp_path, "--ckpt_path", str(missing)))
 
 
@@ -274,7 +275,7 @@ def test_lightning_checkpoint_without_mutual_rl_state_is_an_error(tmp_path):
     del ckpt["mutual_rl"]
     other = tmp_path / "other.ckpt"
     torch.save(ckpt, other)
-    with pytest.raises(ValueError, match=f"checkpoint '{other}' is not a mutual-rl checkpoint"):
+    with one_glance.raises(ValueError, match=f"checkpoint '{other}' is not a mutual-rl checkpoint"):
         trainer(tmp_path / "b", max_steps=2).fit(module([spec("g", "tiny:gpt2-bpe")]), datamodule=datamodule(),
                                                  ckpt_path=other)
 

@@ -16,6 +16,7 @@ from mutual_rl.data.task import ArithmeticTask
 from mutual_rl.model.spec import PolicySpec, SamplingSpec, WarmStart
 from mutual_rl.module import MutualRLModule
 from tests.module.helpers import trainer
+from tests.reliability import one_glance
 
 
 def _spec(name: str = "char", n: int = 2, max_new_tokens: int = 5) -> PolicySpec:
@@ -35,7 +36,7 @@ LONG = "1" * 300 + "+1="
 def test_prompt_longer_than_the_context_fails_at_set_up(tmp_path, preset_cache):
     dm = PromptDataModule(train_files=[str(_prompt_file(tmp_path, ["1+1=", LONG, "2+3=", "4+4="]))], batch_size=2)
     m = MutualRLModule([_spec()], reward="test_parity", log_samples_every_n_steps=0)
-    with pytest.raises(ValueError) as err:
+    with one_glance.raises(ValueError) as err:
         trainer(tmp_path, max_steps=1).fit(m, datamodule=dm)
     msg = str(err.value)
     assert "policy 'char' (tiny:llama-char): 1 of 4 prompts do not fit its context length 256" in msg
@@ -74,7 +75,7 @@ def test_garbage_parquet_file_is_one_error_naming_the_file(tmp_path, content):
     bad = tmp_path / "held.parquet"
     bad.write_bytes(content)
     dm = PromptDataModule(train_files=[str(_rows(tmp_path / "train.jsonl", [OK_ROW]))], val_files=[str(bad)])
-    with pytest.raises(ValueError) as err:
+    with one_glance.raises(ValueError) as err:
         dm.val_problems()
     msg = str(err.value)
     assert msg.startswith(f"{bad}: not a readable Parquet file (")  # was pyarrow's ArrowInvalid, raw
@@ -90,7 +91,7 @@ def test_truncated_parquet_file_is_one_error_naming_the_file(tmp_path):
                    good)
     cut = tmp_path / "cut.parquet"
     cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(cut))}: not a readable Parquet file .*copied completely"):
+    with one_glance.raises(ValueError, match=rf"^{re.escape(str(cut))}: not a readable Parquet file .*copied completely"):
         PromptDataModule(train_files=[str(cut)]).train_problems()
 
 
@@ -103,7 +104,7 @@ def test_lone_surrogate_in_a_prompt_file_is_named_at_load(tmp_path, value, field
     """A lone UTF-16 surrogate is no character: it loaded, then failed raw when first encoded (tokenizer, logs)."""
     path = _rows(tmp_path / "prompts.jsonl", [OK_ROW, value])
     dm = PromptDataModule(train_files=[str(path)])
-    with pytest.raises(ValueError) as err:
+    with one_glance.raises(ValueError) as err:
         dm.train_problems()
     msg = str(err.value)
     assert msg.startswith(f"{path}: {where}: field {field} holds a lone UTF-16 surrogate")
@@ -114,7 +115,7 @@ def test_lone_surrogate_in_a_prompt_file_is_named_at_load(tmp_path, value, field
 def test_lone_surrogate_in_a_json_array_names_the_row(tmp_path):
     path = tmp_path / "prompts.json"
     path.write_text('[{"problem": "1+1=", "answer": "2"},\n {"problem": "a\\ud800", "answer": "1"}]')
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: row 2: field 'problem' holds a lone UTF-16 "
+    with one_glance.raises(ValueError, match=rf"^{re.escape(str(path))}: row 2: field 'problem' holds a lone UTF-16 "
                                          r"surrogate '\\ud800' \(at character 2\)"):
         PromptDataModule(train_files=[str(path)]).train_problems()
 
@@ -132,7 +133,7 @@ def test_empty_held_out_file_is_an_error_naming_the_file(tmp_path):
     empty = tmp_path / "held.jsonl"
     empty.write_text("\n\n")
     dm = PromptDataModule(train_files=[str(train)], val_files=[str(empty)])
-    with pytest.raises(ValueError) as err:
+    with one_glance.raises(ValueError) as err:
         dm.val_problems()
     msg = str(err.value)
     assert f"the held-out set is empty: data.val_files ['{empty}'] hold no row" in msg
@@ -146,14 +147,14 @@ def test_empty_held_out_file_fails_at_set_up_before_any_step(tmp_path, preset_ca
                           batch_size=2)
     m = MutualRLModule([_spec("a"), _spec("b")], reward="test_parity", log_samples_every_n_steps=0)
     fit = trainer(tmp_path, max_steps=1, limit_val_batches=1, val_check_interval=1)
-    with pytest.raises(ValueError, match=rf"data.val_files \['{re.escape(str(empty))}'\] hold no row"):
+    with one_glance.raises(ValueError, match=rf"data.val_files \['{re.escape(str(empty))}'\] hold no row"):
         fit.fit(m, datamodule=dm)
     assert fit.global_step == 0
 
 
 @pytest.mark.parametrize("value", [0, -1])
 def test_val_per_skill_below_one_is_an_error_naming_the_setting(value):
-    with pytest.raises(ValueError) as err:
+    with one_glance.raises(ValueError) as err:
         PromptDataModule(val_per_skill=value)
     msg = str(err.value)
     assert f"data.val_per_skill must be >= 1, or null for every held-out prompt (got {value})" in msg
@@ -162,7 +163,7 @@ def test_val_per_skill_below_one_is_an_error_naming_the_setting(value):
 
 def test_task_without_held_out_problems_is_an_error_unless_evaluation_is_off(tmp_path):
     task = dict(operators=["+"], digits=1, num_train=20, num_heldout=0)
-    with pytest.raises(ValueError, match=r"data.task \(ArithmeticTask\) has no held-out problem \(num_heldout: 0\)"):
+    with one_glance.raises(ValueError, match=r"data.task \(ArithmeticTask\) has no held-out problem \(num_heldout: 0\)"):
         PromptDataModule(task=ArithmeticTask(**task)).val_problems()
     dm = PromptDataModule(task=ArithmeticTask(**task))
     dm.trainer = trainer(tmp_path, limit_val_batches=0)  # the documented way to turn evaluation off

@@ -8,6 +8,7 @@ import pytest
 
 from mutual_rl.model.policy import build_policy
 from mutual_rl.model.spec import LoraSpec, PolicySpec, SamplingSpec, WarmStart
+from tests.reliability import one_glance
 
 
 @pytest.mark.parametrize("model", ["./no/such/dir", "../no/such/dir", "/tmp/mutual-rl-missing-xyz/model",
@@ -15,7 +16,7 @@ from mutual_rl.model.spec import LoraSpec, PolicySpec, SamplingSpec, WarmStart
 def test_missing_local_model_path_is_named(model):
     """Local-looking paths (prefix ``/ ./ ../ ~``, or a first part that exists here: ``tests/``) must exist; the
     message is ours, not transformers' "Repo id must be in the form ..."."""
-    with pytest.raises(FileNotFoundError) as err:
+    with one_glance.raises(FileNotFoundError) as err:
         build_policy(PolicySpec(name="alice", model=model))
     msg = str(err.value)
     assert f"policy 'alice': model {model!r} was not found" in msg
@@ -24,7 +25,7 @@ def test_missing_local_model_path_is_named(model):
 
 
 def test_missing_local_tokenizer_path_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"policy 'bob': tokenizer '\./no/tok' was not found"):
+    with one_glance.raises(FileNotFoundError, match=r"policy 'bob': tokenizer '\./no/tok' was not found"):
         build_policy(PolicySpec(name="bob", model=str(tmp_path), tokenizer="./no/tok"))
 
 
@@ -37,7 +38,7 @@ def test_hub_ids_are_left_to_transformers():
 
 
 def test_warmstart_on_a_non_preset_model_is_an_error():
-    with pytest.raises(ValueError) as err:
+    with one_glance.raises(ValueError) as err:
         PolicySpec(name="carol", model="Qwen/Qwen3-0.6B", warmstart=WarmStart(steps=10))
     msg = str(err.value)
     assert "policy 'carol'" in msg and "warmstart is set" in msg and "'Qwen/Qwen3-0.6B' is not a tiny: preset" in msg
@@ -80,7 +81,7 @@ def _tiny(arch: str):
 def test_misspelt_lora_target_next_to_a_good_one_is_not_ignored(preset_cache):
     """peft fails only when no entry matches: 'q_prj' next to 'v_proj' was silently dropped (LoRA on v_proj only);
     the check runs in build_policy, before peft."""
-    with pytest.raises(ValueError) as err:
+    with one_glance.raises(ValueError) as err:
         build_policy(_lora("char", "tiny:llama-char", ["q_prj", "v_proj"]))
     msg = str(err.value)
     assert msg.startswith("policy 'char': lora.target_modules 'q_prj' matches no layer LoRA can adapt in "
@@ -92,7 +93,7 @@ def test_lora_target_missing_from_the_model_names_the_policy_and_the_layers():
     """GPT-2 has no q_proj: peft's raw NoMatchingPeftModuleError named neither the policy nor GPT-2's layers."""
     from mutual_rl.model.policy import check_lora_targets
 
-    with pytest.raises(ValueError) as err:
+    with one_glance.raises(ValueError) as err:
         check_lora_targets(_tiny("gpt2"), _lora("gpt", "openai-community/gpt2", ["q_proj", "v_proj"]))
     msg = str(err.value)
     assert msg.startswith("policy 'gpt': lora.target_modules 'q_proj', 'v_proj' match no layer LoRA can adapt in "
@@ -104,17 +105,17 @@ def test_lora_target_that_is_no_linear_layer_is_named():
     from mutual_rl.model.policy import check_lora_targets
 
     model = _tiny("llama")
-    with pytest.raises(ValueError) as err:
+    with one_glance.raises(ValueError) as err:
         check_lora_targets(model, _lora("p", "my/llama", ["mlp", "self_attn.q_proj"]))
     msg = str(err.value)
     assert "policy 'p': lora.target_modules 'mlp' matches no layer" in msg
     assert "('mlp' is not a linear, embedding or convolution layer)" in msg and LLAMA_LINEAR in msg
-    with pytest.raises(ValueError, match=r"policy 'p': lora.target_modules 'q_proj' matches no layer .* a string is a "
+    with one_glance.raises(ValueError, match=r"policy 'p': lora.target_modules 'q_proj' matches no layer .* a string is a "
                                          r"regular expression .*'\.\*q_proj'"):
         check_lora_targets(model, _lora("p", "my/llama", "q_proj"))  # peft full-matches a string: nothing
-    with pytest.raises(ValueError, match=r"policy 'p': lora.target_modules '\(q' is not a valid regular expression"):
+    with one_glance.raises(ValueError, match=r"policy 'p': lora.target_modules '\(q' is not a valid regular expression"):
         check_lora_targets(model, _lora("p", "my/llama", "(q"))
-    with pytest.raises(ValueError, match=r"policy 'p': lora.target_modules is empty"):
+    with one_glance.raises(ValueError, match=r"policy 'p': lora.target_modules is empty"):
         check_lora_targets(model, _lora("p", "my/llama", []))
     for good in ("all-linear", ".*q_proj", ["q_proj", "self_attn.v_proj"], ["embed_tokens"]):
         check_lora_targets(model, _lora("p", "my/llama", good))

@@ -23,6 +23,7 @@ from mutual_rl.module import MutualRLModule
 from mutual_rl.update.config import GRPOConfig
 from tests.exchange.helpers import fit_exchange
 from tests.module.helpers import datamodule, trainer
+from tests.reliability import one_glance
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -64,7 +65,7 @@ def _run_ids(store: Path) -> set:
 def test_a_second_run_into_a_used_store_dir_is_refused_and_the_first_recording_kept(copy, tmp_path):
     before = _files(copy)
     (first,) = _run_ids(copy)
-    with pytest.raises(StoreInUseError) as err:
+    with one_glance.raises(StoreInUseError) as err:
         _real_run(tmp_path / "second", copy)
     msg = str(err.value)
     assert f"store_dir {copy} already holds the recording of run {first}: steps 0..1 (2 files)" in msg
@@ -81,7 +82,7 @@ def test_a_recording_from_before_run_ids_is_refused_too(tmp_path):
         del header["run_id"]
         p.write_text("\n".join([json.dumps(header)] + lines[1:]))
     before = _files(store)
-    with pytest.raises(StoreInUseError, match=rf"store_dir {re.escape(str(store))} already holds the recording of a "
+    with one_glance.raises(StoreInUseError, match=rf"store_dir {re.escape(str(store))} already holds the recording of a "
                                               r"run that wrote no run id .*steps 0\.\.2 \(3 files\)"):
         fit_exchange(tmp_path / "b", ExperienceExchange(store_dir=str(store)), 3)
     assert _files(store) == before
@@ -122,7 +123,7 @@ def test_resuming_another_runs_checkpoint_into_a_used_store_dir_is_refused(tmp_p
     b = ExperienceExchange(store_dir=str(tmp_path / "b"))
     fit_exchange(tmp_path / "rb", b, 4)
     before = _files(tmp_path / "b")
-    with pytest.raises(StoreInUseError) as err:
+    with one_glance.raises(StoreInUseError) as err:
         fit_exchange(tmp_path / "ra", ExperienceExchange(store_dir=str(tmp_path / "b")), 4, ckpt=str(tmp_path / "a.ckpt"))
     msg = str(err.value)
     assert f"store_dir {tmp_path / 'b'} already holds the recording of run {b.run_id}: steps 0..3 (4 files)" in msg
@@ -165,7 +166,7 @@ def test_a_replay_run_never_writes_where_it_reads(copy, tmp_path, layout):
         shutil.copytree(copy, inner)
         before = _files(inner)
         store, replay = tmp_path / "all", inner
-    with pytest.raises(ValueError) as err:
+    with one_glance.raises(ValueError) as err:
         ExperienceExchange(store_dir=str(store), replay_dir=str(replay), replay_policies=["gpt2"])
     msg = str(err.value)
     assert f"store_dir {str(store)!r} and replay_dir {str(replay)!r}" in msg
@@ -260,7 +261,7 @@ def test_a_hand_edited_record_is_refused_naming_file_line_and_record(copy, kind,
     path.write_text("\n".join(lines))
     where = rf"{re.escape(str(path))}:{i}: {kind} record \(policy '{d['policy_id']}', prompt {d['prompt_id']}, " \
             rf"group {d['group_id']}(, response {d.get('index')})?\): "
-    with pytest.raises(StoredTrafficError, match=where + says):
+    with one_glance.raises(StoredTrafficError, match=where + says):
         StoredPeer(copy, d["policy_id"]).groups(1)
     assert StoredPeer(copy, d["policy_id"]).groups(0)  # the step left alone still replays
 
@@ -279,7 +280,7 @@ def test_a_folder_mixing_two_runs_recordings_is_refused_at_replay(tmp_path):
     (b_id,) = _run_ids(tmp_path / "b_traffic")
     peer = StoredPeer(tmp_path / "a_traffic", "a")
     assert peer.groups(0)
-    with pytest.raises(StoredTrafficError) as err:
+    with one_glance.raises(StoredTrafficError) as err:
         peer.groups(2)
     msg = str(err.value)
     assert f"{step_path(tmp_path / 'a_traffic', 2)} was recorded by run " in msg

@@ -21,6 +21,7 @@ from mutual_rl.thl import (
     retokenize,
 )
 from mutual_rl.thl.offsets import encode_batch_with_offsets, tokenizer_name
+from tests.reliability import one_glance
 from tests.thl.conftest import build_bpe
 
 TOK = build_bpe()
@@ -38,7 +39,7 @@ NAME = re.escape(tokenizer_name(TOK))  # e.g. PreTrainedTokenizerFast('local-bpe
     ("abc", r"response_ids must be a sequence of integer token ids, got str"),
 ])
 def test_decode_source_refuses_ids_it_cannot_decode_with_one_error(ids, message):
-    with pytest.raises(THLInputError, match=f"^thl.decode_source: .*{message}") as e:
+    with one_glance.raises(THLInputError, match=f"^thl.decode_source: .*{message}") as e:
         decode_source(TOK, ids)
     assert isinstance(e.value, ValueError) and isinstance(e.value, TypeError) and e.value.__cause__ is None
 
@@ -63,15 +64,15 @@ SURROGATE = r"is not encodable text: character 1 is a lone UTF-16 surrogate '\\u
     (lambda: offsets_by_decoding(TOK, [5], "4\ud800"), r"thl.offsets_by_decoding: text "),
 ])
 def test_a_lone_surrogate_is_one_error_naming_the_argument_and_the_fix(call, where):
-    with pytest.raises(THLInputError, match=f"^{where}{SURROGATE}.*surrogatepass") as e:
+    with one_glance.raises(THLInputError, match=f"^{where}{SURROGATE}.*surrogatepass") as e:
         call()
     assert e.value.__cause__ is None and e.value.__suppress_context__
 
 
 def test_a_text_that_is_not_a_str_and_ids_out_of_range_for_offsets_are_one_error():
-    with pytest.raises(THLInputError, match=r"^thl.retokenize: response_text must be a str, got bytes"):
+    with one_glance.raises(THLInputError, match=r"^thl.retokenize: response_text must be a str, got bytes"):
         retokenize(TOK, "q", b"46", False)
-    with pytest.raises(THLInputError, match=r"^thl.offsets_by_decoding: ids\[0\] = 700 is not a token id"):
+    with one_glance.raises(THLInputError, match=r"^thl.offsets_by_decoding: ids\[0\] = 700 is not a token id"):
         offsets_by_decoding(TOK, [700], "x")
 
 

@@ -4,13 +4,13 @@ names the policy and its learning rate."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from mutual_rl.model.policy import build_policy
 from mutual_rl.rollout import HFRolloutEngine, NonFiniteLogitsError
 from mutual_rl.types import Problem
 from tests.module.helpers import spec
+from tests.reliability import one_glance
 
 
 def test_huge_finite_weights_are_one_error_naming_the_policy_and_its_lr():
@@ -19,7 +19,7 @@ def test_huge_finite_weights_are_one_error_naming_the_policy_and_its_lr():
         for p in policy.model.parameters():
             p.mul_(1e20)
     assert all(torch.isfinite(p).all() for p in policy.model.parameters())  # the weights are finite
-    with pytest.raises(NonFiniteLogitsError, match=r"policy 'big': its logits are inf/NaN while sampling, although "
+    with one_glance.raises(NonFiniteLogitsError, match=r"policy 'big': its logits are inf/NaN while sampling, although "
                                                    r"every weight is finite.*optimizer\.lr = 3 for this policy") as e:
         HFRolloutEngine().generate(policy, [Problem(1, "3+4=", "7", "add")], policy.spec.sampling, step=0)
     assert "probability tensor contains" in str(e.value.__cause__)

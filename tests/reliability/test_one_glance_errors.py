@@ -21,7 +21,7 @@ import yaml
 
 from mutual_rl.cli_errors import MAX_LINES, paragraph
 from tests.module.helpers import fit_command, subprocess_env
-from tests.reliability.one_glance import command, one_glance
+from tests.reliability.one_glance import command, one_glance, raises
 
 POLICY = {"name": "g", "model": "tiny:gpt2-bpe", "warmstart": {"steps": 0}, "sampling": {"n": 2, "max_new_tokens": 3}}
 
@@ -165,3 +165,16 @@ def test_mutual_rl_debug_shows_a_parse_errors_traceback(tmp_path, monkeypatch, c
 
     with pytest.raises(argparse.ArgumentError, match='Parser key "trainer.max_steps"'):
         main()
+
+
+def test_the_unit_level_check_fails_on_a_long_or_foreign_error():
+    """``one_glance.raises`` (the unit-level catalogue's check) refuses a report cut to fit and an error the
+    command would not report as one paragraph (not raised by mutual_rl)."""
+    from mutual_rl.exchange import ExchangeProtocolError
+
+    with pytest.raises(AssertionError, match="cut to fit"), raises(ExchangeProtocolError):
+        raise ExchangeProtocolError("one line\n" * 10)
+    with pytest.raises(BaseException, match="not ours"), raises(ValueError):
+        raise ValueError("not ours")  # raised here, not by mutual_rl: the command re-raises it
+    with raises(ExchangeProtocolError, "store_dir"):
+        raise ExchangeProtocolError("store_dir is in use; pass another")

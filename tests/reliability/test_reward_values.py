@@ -11,6 +11,7 @@ import pytest
 from mutual_rl.rewards import GuardedBatchReward, RewardError, build_reward
 from mutual_rl.rewards.isolation import IsolatedReward, RewardWorkerError
 from mutual_rl.types import Problem
+from tests.reliability import one_glance
 from tests.rewards import valued_rewards
 
 MOD = "tests.rewards.valued_rewards"
@@ -48,7 +49,7 @@ def test_the_worker_hands_back_a_plain_float_not_a_tensor():
 ])
 def test_a_tensor_that_is_no_finite_number_is_one_error_naming_the_reward_and_its_type(name, what, isolation):
     reward = build_reward(f"{MOD}:{name}", timeout_s=60, isolation=isolation)
-    with pytest.raises(RewardError, match=rf"^reward '{MOD}:{name}' {what} on completion '46'"):
+    with one_glance.raises(RewardError, match=rf"^reward '{MOD}:{name}' {what} on completion '46'"):
         reward("46", "46")
     reward.close()
 
@@ -77,7 +78,7 @@ def test_trl_style_tensors_arrays_and_generators_of_the_right_length_are_per_com
     ("trl_endless_generator", r"returned a generator that yields more than 3 values for 3 completions"),
 ])
 def test_unordered_containers_and_generators_of_the_wrong_length_are_refused_naming_the_reward(name, what, isolation):
-    with pytest.raises(RewardError, match=rf"^reward '{MOD}:{name}' {what}.* on the 3 completions of prompt "
+    with one_glance.raises(RewardError, match=rf"^reward '{MOD}:{name}' {what}.* on the 3 completions of prompt "
                                           r"'12\+34=' with answer '46'; fix the reward"):
         _group(name, isolation)
     score = _group(name, isolation, errors="skip")  # skip mode: scored 0, counted
@@ -87,12 +88,12 @@ def test_unordered_containers_and_generators_of_the_wrong_length_are_refused_nam
 def test_a_failed_hand_off_is_the_workers_error_not_the_rewards_in_both_modes():
     poisoned = Problem(7, "12+34=", "46", columns={"level": valued_rewards.Poisoned()})
     for errors in ("raise", "skip"):
-        with pytest.raises(RewardWorkerError, match=rf"^the worker process of reward {MOD}:trl_level could not "
+        with one_glance.raises(RewardWorkerError, match=rf"^the worker process of reward {MOD}:trl_level could not "
                                                     r"unpickle the call's arguments \(ValueError: invalid literal "
                                                     r"for int\(\).*not of the reward"):
             _group("trl_level", "custom", errors=errors, problem=poisoned)
     unpicklable = Problem(7, "12+34=", "46", columns={"level": lambda: 1})
-    with pytest.raises(RewardWorkerError, match=rf"^the worker process of reward {MOD}:trl_level could not pickle "
+    with one_glance.raises(RewardWorkerError, match=rf"^the worker process of reward {MOD}:trl_level could not pickle "
                                                 r"the call's arguments for it \(.*\).*not of the reward"):
         _group("trl_level", "custom", problem=unpicklable)
     good = Problem(7, "12+34=", "46", columns={"level": 1})
@@ -102,5 +103,5 @@ def test_a_failed_hand_off_is_the_workers_error_not_the_rewards_in_both_modes():
 def test_in_process_the_same_rules_apply_to_a_guarded_batch_reward():
     values, status = GuardedBatchReward(valued_rewards.trl_generator).score_group(PROBLEM, COMPLETIONS)
     assert (values, status) == ([1.0, 2.0, 3.0], "ok")
-    with pytest.raises(RewardError, match=r"^reward 'trl_set' returned .* \(set\), an unordered or keyed container"):
+    with one_glance.raises(RewardError, match=r"^reward 'trl_set' returned .* \(set\), an unordered or keyed container"):
         GuardedBatchReward(valued_rewards.trl_set).score_group(PROBLEM, COMPLETIONS)
