@@ -63,6 +63,10 @@ from mutual_rl.warnings_filters import ignore_inapplicable_warnings, warn_on_tru
 
 
 class MutualRLModule(LightningModule):
+    #: its training step opens and ends the exchange's step (``run_step``): the ExperienceExchange callback leaves
+    #: that to it
+    owns_exchange_step = True
+
     def __init__(
         self,
         policies: list[PolicySpec],

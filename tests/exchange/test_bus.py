@@ -186,7 +186,8 @@ def test_callback_hooks_open_and_close_steps_and_log():
     ex.setup(trainer, module, "fit")
     ex.on_train_batch_start(trainer, module, None, 0)
     assert ex.current_step == 7
-    ex.begin_step(7)  # the module may open the step itself: allowed while nothing was published
+    with pytest.raises(ExchangeProtocolError, match="step 7 is open"):  # one owner: no second open
+        ex.begin_step(7)
     for p in POLICIES:
         ex.publish(make_group(p, 1, 1, n=2))
     report_all_consumed(ex)
@@ -197,3 +198,9 @@ def test_callback_hooks_open_and_close_steps_and_log():
     assert ex.end_step() == {}  # the module ended the step itself: the hook then does nothing
     ex.on_train_batch_end(trainer, module, None, None, 1)
     assert logged == {}
+    owner = SimpleNamespace(log_dict=lambda m, **kw: logged.update(m), owns_exchange_step=True)
+    ex.on_train_batch_start(trainer, owner, None, 2)  # a module that runs the step itself: left alone
+    assert not ex.step_open
+    ex.begin_step(2)
+    ex.on_train_batch_end(trainer, owner, None, None, 2)
+    assert ex.step_open and ex.end_step() == {} and logged == {}

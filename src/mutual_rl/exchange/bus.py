@@ -155,12 +155,19 @@ class ExchangeBus:
         return self._step
 
     def begin_step(self, step: int) -> None:
-        """Open ``step`` with an empty mailbox. Re-opening the open step is allowed while nothing was published."""
-        if self._step is not None and (self._published or self._reports or self._traces):
+        """Open ``step`` with an empty mailbox; a step has one owner, so opening while a step is open is an error."""
+        if self._step is not None:
             raise ExchangeProtocolError(
-                f"begin_step({step}): step {self._step} has published records but was not ended (call end_step)"
+                f"begin_step({step}): step {self._step} is open and was not ended (call end_step); a step is opened "
+                f"once, by the training step (run_step) or, for a module that does not run one, by the "
+                f"ExperienceExchange callback"
             )
         self._step = step
+        self._reset_mailbox()
+
+    def abandon_step(self) -> None:
+        """Close the open step without accounting or storing it (a step that raised: nothing of it is kept)."""
+        self._step = None
         self._reset_mailbox()
 
     def _require_open(self, what: str) -> int:

@@ -5,14 +5,16 @@ The module publishes into it and reads deliveries during ``training_step`` (prot
 * ``setup``: only the global-zero process writes step files; at ``fit``, it takes the store folder's OS lock
   (:class:`~mutual_rl.exchange.lock.StoreLock`), held until ``teardown`` or ``on_exception``: a second run on the
   same ``store_dir`` is refused there, naming the holder's pid and command, and a ``replay_dir`` whose lock is
-  held (a recording still being written) is refused the same way;
+  held (a recording still being written) is refused the same way; ``on_exception`` also abandons an open step (not
+  accounted, not stored: the run resumes from its last checkpoint);
 * ``on_fit_start`` / ``on_train_start``: the ``store_dir`` must not hold another run's recording (checked at fit
   start when the checkpoint is already restored, and again at train start, before anything is written; see
   "Recording" below);
-* ``on_train_batch_start``: opens the step (``begin_step(trainer.global_step)``) unless the module already did;
-* ``on_train_batch_end``: if the module did not call ``end_step`` itself, ends the step (accounting check,
-  stored traffic) and logs the flow counts with ``pl_module.log_dict``; a module that calls ``end_step`` logs the
-  returned metrics itself;
+* ``on_train_batch_start`` / ``on_train_batch_end``: for a module that does not run the exchange's step itself,
+  opens the step (``begin_step(trainer.global_step)``) and ends it (accounting check, stored traffic), logging the
+  flow counts with ``pl_module.log_dict``. A module whose training step opens and ends it (``owns_exchange_step =
+  True``: :class:`mutual_rl.module.MutualRLModule`, through ``mutual_rl.step.pipeline.run_step``) is left alone:
+  each step has one owner, and opening a step that is open is an error (``ExchangeProtocolError``);
 * ``state_dict`` / ``load_state_dict``: cumulative per-flow totals and the run id, checkpointed by Lightning
   (docs/design.md, rule 11), so a resumed run continues them exactly.
 
@@ -139,6 +141,7 @@ class ExperienceExchange(ExchangeBus, Callback):
         self.release_lock()
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self.abandon_step()  # the step that raised is not kept (its run resumes from the last checkpoint)
         self.release_lock()
 
     def on_fit_start(self, trainer, pl_module) -> None:
@@ -150,11 +153,11 @@ class ExperienceExchange(ExchangeBus, Callback):
         self.claim_store(trainer.global_step)
 
     def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
-        if not self.step_open:
+        if not getattr(pl_module, "owns_exchange_step", False):
             self.begin_step(trainer.global_step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
-        if self.step_open:
+        if not getattr(pl_module, "owns_exchange_step", False) and self.step_open:
             metrics = self.end_step()
             if metrics:
                 pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
