@@ -1,6 +1,6 @@
 """Import structure: every module imports alone, the package's import graph has no cycle (lazy imports
-included, so no cycle hides behind one), and regimes and evaluation never reach ``mutual_rl.distributed``
-directly (they use ``mutual_rl.update.lockstep``)."""
+included, so no cycle hides behind one), and regimes are pure: they never reach ``mutual_rl.distributed``, the
+model, the update loop or the step (what needs a forward or the other processes they request)."""
 
 from __future__ import annotations
 
@@ -46,11 +46,18 @@ def _imports(path: Path) -> list[str]:
     return found
 
 
-def test_regimes_and_evaluation_never_import_distributed():
+_NOT_FOR_REGIMES = ("mutual_rl.distributed", "mutual_rl.model", "mutual_rl.step", "mutual_rl.update.loop",
+                    "mutual_rl.update.packing", "mutual_rl.rollout", "mutual_rl.strategies", "mutual_rl.sharding")
+
+
+def test_regimes_run_no_model_and_no_collective():
     offenders = [f"{p.relative_to(SRC)} imports {name}" for m, p in _modules().items()
-                 if m.startswith(("mutual_rl.regimes", "mutual_rl.evaluation"))
-                 for name in _imports(p) if name == "mutual_rl.distributed" or name.startswith("mutual_rl.distributed.")]
+                 if m.startswith("mutual_rl.regimes")
+                 for name in _imports(p) if any(name == n or name.startswith(n + ".") for n in _NOT_FOR_REGIMES)]
     assert not offenders, offenders
+    found = [f"{p.relative_to(SRC)}: {word}" for m, p in _modules().items() if m.startswith("mutual_rl.regimes")
+             for word in ("response_logp", "dummy_logp", "torch.distributed") if word in p.read_text()]
+    assert not found, found
 
 
 #: the package's layers, bottom to top (top-level modules and packages of ``mutual_rl``): records, statistics and the

@@ -11,14 +11,22 @@ nothing is padded.
 
 ``lockstep_needed(module)``: lockstep is only needed when ``module`` is sharded by FSDP and more than one process
 runs; DDP-style replicas synchronise only gradients, which ``MutualFSDPStrategy`` is the supported path for.
+Code written as if there were one process (the update loop, the step's scoring of what regimes request, greedy
+evaluation, the HF engine) asks :func:`padded` for its list of chunks: the list comes back with ``None`` appended
+for every chunk the busiest rank has beyond this one's, and the caller runs a one-row dummy pass for each ``None``
+(``Policy.dummy_logp`` / a one-prompt ``generate``), discarding its result. Regimes never come here: what they need
+from the other processes they request, and the step computes it (``mutual_rl.step.scoring``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 import torch
 from torch import nn
+
+T = TypeVar("T")
 
 
 def is_distributed() -> bool:
@@ -74,6 +82,20 @@ def compute_device(module: nn.Module) -> torch.device:
 def lockstep_needed(module: nn.Module) -> bool:
     """True when ``module`` (a policy's model) is FSDP-sharded across more than one process."""
     return is_distributed() and is_sharded(module)
+
+
+def in_lockstep(policy) -> bool:
+    """Whether ``policy`` (a Policy or its model) is sharded across several processes (its passes are collectives)."""
+    return lockstep_needed(getattr(policy, "model", policy))
+
+
+def padded(policy, chunks: Sequence[T]) -> list[T | None]:
+    """``chunks`` followed by ``None`` for each chunk another rank has beyond this one's (one agreement, before
+    the first pass; the identity unless :func:`in_lockstep`). Run a discarded dummy pass for every ``None``."""
+    out: list[T | None] = list(chunks)
+    if in_lockstep(policy):
+        out += [None] * (agree_max([len(out)])[0] - len(out))
+    return out
 
 
 def agree_max(values: Sequence[int]) -> list[int]:

@@ -12,11 +12,15 @@ from typing import ClassVar
 
 from mutual_rl.sampling import SamplingSpec
 from mutual_rl.stats import SyncStats
-from mutual_rl.types import Problem, Rollout, ScoredGroup, TrainingPlan
+from mutual_rl.types import Problem, Rollout, ScoredGroup, Scores, ScoringRequest, TrainingPlan
 
 
 class Regime:
-    """Base class: ``plan`` builds a receiver's training plan for one step.
+    """Base class: ``plan`` builds a receiver's training plan for one step, from its own groups, the delivered peer
+    groups and, when the regime asked for them in ``request``, the receiver's log-probs of crossed peer responses
+    and numbers agreed over every process (:class:`~mutual_rl.types.Scores`). The step runs every such forward and
+    collective (``mutual_rl.step.scoring``): a regime computes on what it is given and never runs a model or a
+    collective itself. ``mutual_rl.step.scoring.plan_regime`` runs the two calls in one process.
 
     ``subscribes`` names the record kinds the regime reads from peers (``rollout``, ``reward``, ``advantage``;
     ``trace`` records are made on the receiver side by the THL, never subscribed to); ``()`` means it reads
@@ -34,9 +38,18 @@ class Regime:
     #: THL residual report measures with; regimes that take a ``granularity`` argument set their own
     granularity: str = "word"
 
+    def request(
+        self, receiver, own: Sequence[ScoredGroup], peers: Mapping[str, Sequence[ScoredGroup]]
+    ) -> ScoringRequest:
+        """What must be computed before :meth:`plan` (default: nothing). ``peers`` are every delivered group: a
+        regime that measures something on all of them (HACPO's capability) asks for it here, whatever it pools."""
+        return ScoringRequest()
+
     def plan(
-        self, receiver, own: Sequence[ScoredGroup], peers: Mapping[str, Sequence[ScoredGroup]], num_mini_batches: int
+        self, receiver, own: Sequence[ScoredGroup], peers: Mapping[str, Sequence[ScoredGroup]], num_mini_batches: int,
+        scores: Scores | None = None,
     ) -> TrainingPlan:
+        """The training plan; ``scores`` answers :meth:`request` on the same groups (``None``: nothing asked)."""
         raise NotImplementedError
 
     def state_dict(self) -> dict:

@@ -227,6 +227,20 @@ class Norms:
     """Sequences with at least one response token (the sequence-mean denominator)."""
     max_len: int | None
     """The policy's configured maximum response length (the constant of ``seq-mean-token-sum-norm``)."""
+    is_peer: tuple[bool, ...] | None = None
+    """Per row of the micro-batch, whether it is a peer row, on the host (``None``: read from ``sub.is_peer``).
+    Objectives choose their row sets from it, so a micro-batch costs no device read."""
+    has_tokens: tuple[bool, ...] | None = None
+    """Per row, whether it has a response token, on the host (``None``: read from ``sub.response_mask``)."""
+
+    def peer_flags(self, sub) -> tuple[bool, ...]:
+        """:attr:`is_peer`, or ``sub``'s read once."""
+        return self.is_peer if self.is_peer is not None else tuple(bool(p) for p in sub.is_peer.tolist())
+
+    def token_flags(self, sub) -> tuple[bool, ...]:
+        """:attr:`has_tokens`, or ``sub``'s read once."""
+        return self.has_tokens if self.has_tokens is not None else \
+            tuple(bool(n) for n in (sub.response_mask.sum(-1) > 0).tolist())
 
 
 class Objective(Protocol):
@@ -241,6 +255,35 @@ class Objective(Protocol):
     def loss(self, logp: torch.Tensor, sub: PolicyBatch, norms: Norms, ref_logp: torch.Tensor | None = None,
              update_index: int = 0) -> tuple[torch.Tensor, ObjectiveStats]:
         """The loss of one micro-batch and its statistics."""
+
+
+@dataclass(frozen=True)
+class ScoringRequest:
+    """What a regime needs computed before it can plan (``Regime.request``): the step runs it, in one place
+    (``mutual_rl.step.scoring``), so a regime never runs a forward or a collective itself.
+
+    ``rows``: crossed peer responses whose log-probs the receiver must give (its current weights, its sampling
+    temperature), in forwards packed to the step's token budget; ``None``: the regime scores nothing (every rank
+    alike; an empty tuple still joins the other ranks' forwards under FSDP). ``sums`` / ``maxes``: numbers to add /
+    take the maximum of over every process (``None``: no collective). ``state``: the regime's own intermediate
+    results, handed back unchanged in :class:`Scores` so the plan need not redo them.
+    """
+
+    rows: tuple[CrossedRollout, ...] | None = None
+    sums: tuple[float, ...] | None = None
+    maxes: tuple[int, ...] | None = None
+    state: Any = None
+
+
+@dataclass(frozen=True)
+class Scores:
+    """The answers to a :class:`ScoringRequest`: ``logp[i]`` the receiver's log-probs ``[T_i]`` (CPU, float32) of
+    ``request.rows[i]``; ``sums`` / ``maxes`` over every process; the request's ``state``."""
+
+    logp: tuple[torch.Tensor, ...] | None = None
+    sums: tuple[float, ...] | None = None
+    maxes: tuple[int, ...] | None = None
+    state: Any = None
 
 
 @dataclass

@@ -31,7 +31,7 @@ def test_print_config_shows_every_default_of_the_chosen_regime(capsys):
     assert regime["init_args"] == {"coef": 0.1, "seed": 0}
     graft = yaml.safe_load(_run(["fit", "--config", str(CONFIGS / "graft.yaml"), "--print_config"], capsys))
     assert graft["model"]["regime"]["init_args"] == {"delta": 0.8, "balance": True, "policy_order": None,
-                                                     "logp_batch_size": 16, "peer_last": "in_batch",
+                                                     "peer_last": "in_batch",
                                                      "compatibility": "weighted", "transfer": "group",
                                                      "update_rule": "graft", "rule_args": None}
 

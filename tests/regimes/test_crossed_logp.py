@@ -12,6 +12,7 @@ import torch
 from mutual_rl.exchange import TraceRecord, trace_records
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
+from mutual_rl.step.scoring import plan_regime
 from mutual_rl.types import collate
 from tests.regimes.scenario import FakeReceiver, make_group
 
@@ -53,10 +54,10 @@ def test_collate_reads_old_logp_of_crossed_rows():
 
 def test_prp_peer_aligned_sets_old_logp_to_the_aligned_trace_and_snapshot_leaves_it_none():
     recv, own, peers = scenario()
-    plan = get_regime("prp", denominator="peer_aligned").plan(recv, own, peers, 1)
+    plan = plan_regime(get_regime("prp", denominator="peer_aligned"), recv, own, peers, 1)
     for c in plan.crossed:
         assert c.aligned and c.old_logp is c.source_logp
-    plan = get_regime("prp").plan(recv, own, peers, 1)
+    plan = plan_regime(get_regime("prp"), recv, own, peers, 1)
     assert all(not c.aligned and c.old_logp is None for c in plan.crossed)
 
 
@@ -64,7 +65,7 @@ def test_graft_sets_old_logp_to_the_receivers_log_probs():
     recv = FakeReceiver("r", logp_fn=lambda ids, w: torch.full((ids.shape[0], w), -0.25))
     own = [make_group("r", 0, [0, 0, 0, 0])]
     peers = {"s": [make_group("s", 0, [1, 0, 1, 0], logps=[[-0.25] * 3] * 4)]}
-    plan = get_regime("graft", delta=0.0, balance=False).plan(recv, own, peers, 1)
+    plan = plan_regime(get_regime("graft", delta=0.0, balance=False), recv, own, peers, 1)
     rows = plan.batch.is_peer.nonzero().squeeze(-1).tolist()
     assert rows and not plan.batch.needs_old_logp.any()
     for i in rows:

@@ -12,6 +12,7 @@ import torch
 from mutual_rl.algorithms.ftis import ftis_loss, kl_filter_keep, sequence_kl, tis_weights
 from mutual_rl.regimes import get_regime
 from mutual_rl.stats import flatten
+from mutual_rl.step.scoring import plan_regime
 from mutual_rl.types import PolicyBatch
 from mutual_rl.update.config import GRPOConfig
 from mutual_rl.update.objectives import FTISObjective, Norms
@@ -177,7 +178,7 @@ def test_plan_filters_the_off_policy_negative_sample():
     # π_R,old = −3 per token; span alignment (identical spans) gives the trace back. k1 KL:
     #   "12 34": mean(gen) + 3 = −2.4/6 + 3 = 2.6 (kept: Â > 0); "47": −6/3 + 3 = 1.0 > 0.5, Â < 0 -> filtered
     recv, own, peers = scenario()
-    plan = get_regime("ftis", kl_threshold=0.5, is_cap=1.5).plan(recv, own, peers, 1)
+    plan = plan_regime(get_regime("ftis", kl_threshold=0.5, is_cap=1.5), recv, own, peers, 1)
     b = plan.batch
     assert_flows(plan, peers, {"s": {"consumed": 1, "kl_filtered": 1}})
     assert_partition(plan)
@@ -197,12 +198,12 @@ def test_plan_filters_the_off_policy_negative_sample():
     }
     # threshold 1.0: "47" has KL exactly 1.0, not above it -> kept; no filter keeps it too
     for kw in ({"kl_threshold": 1.0}, {"kl_threshold": None}):
-        plan = get_regime("ftis", **kw).plan(recv, own, peers, 1)
+        plan = plan_regime(get_regime("ftis", **kw), recv, own, peers, 1)
         assert_flows(plan, peers, {"s": {"consumed": 2}})
     # k3 instead: "47" d = gen + 3 = [2, 1, 0] -> mean(e^-d + d − 1) = (e^-2 + 1 + e^-1 + 0 + 0) / 3 = 0.501071
-    plan = get_regime("ftis", kl_threshold=0.5, filter_kl="k3").plan(recv, own, peers, 1)
+    plan = plan_regime(get_regime("ftis", kl_threshold=0.5, filter_kl="k3"), recv, own, peers, 1)
     assert plan.flows == {"s": {"consumed": 1, "kl_filtered": 1}}
-    plan = get_regime("ftis", kl_threshold=0.502, filter_kl="k3").plan(recv, own, peers, 1)
+    plan = plan_regime(get_regime("ftis", kl_threshold=0.502, filter_kl="k3"), recv, own, peers, 1)
     assert plan.flows == {"s": {"consumed": 2}}
 
 
@@ -211,11 +212,11 @@ def test_shared_vocabulary_uses_the_peer_trace_directly_and_word_alignment_other
     same = FakeReceiver("r", kind="bpe")
     peers = {"s": [make_group("s", 0, [1], kind="bpe", texts=["hello world"], logps=[trace])]}
     own = [make_group("r", 0, [0], kind="bpe")]
-    plan = get_regime("ftis", granularity="word", kl_threshold=None).plan(same, own, peers, 1)
+    plan = plan_regime(get_regime("ftis", granularity="word", kl_threshold=None), same, own, peers, 1)
     torch.testing.assert_close(plan.batch.gen_logp[1, :11], torch.tensor(trace), rtol=0, atol=0)  # as is
     # a char receiver: "hello" + " world" + EOS in word groups, each group's mass spread over its char tokens
     char = FakeReceiver("r")
-    plan = get_regime("ftis", granularity="word", kl_threshold=None).plan(char, [make_group("r", 0, [0])], peers, 1)
+    plan = plan_regime(get_regime("ftis", granularity="word", kl_threshold=None), char, [make_group("r", 0, [0])], peers, 1)
     hello, world = sum(trace[:4]) / 5, sum(trace[4:]) / 7  # 'he' (2 chars) + l + l + o; ' world' + EOS
     torch.testing.assert_close(plan.batch.gen_logp[1, :12], torch.tensor([hello] * 5 + [world] * 7))
 
@@ -226,10 +227,10 @@ def test_source_advantages_and_no_peers():
     reg = get_regime("ftis", advantage="source")
     assert reg.subscribes == ("rollout", "reward", "advantage")
     assert get_regime("ftis").subscribes == ("rollout", "reward")
-    plan = reg.plan(recv, own, peers, 1)
+    plan = plan_regime(reg, recv, own, peers, 1)
     torch.testing.assert_close(plan.batch.advantages, torch.tensor([0.0, 0.0, 0.3, -0.7]))
-    base = get_regime("none").plan(recv, own, {}, 2)
-    plan = get_regime("ftis").plan(recv, own, {}, 2)
+    base = plan_regime(get_regime("none"), recv, own, {}, 2)
+    plan = plan_regime(get_regime("ftis"), recv, own, {}, 2)
     assert plan.objective is None and plan.flows == {} and plan.batch.gen_logp is None  # None: DAPO
     assert torch.equal(plan.batch.input_ids, base.batch.input_ids) and plan.mini_batches == base.mini_batches
     metrics = flatten(plan.metrics)
@@ -242,7 +243,7 @@ def test_repeated_prompt_pairs_each_slot_with_its_own_peer_group():
     peers = {"s": [make_group("s", 7, [0, 0], kind="bpe", group_id=101),  # delivered out of order
                    make_group("s", 7, [1, 0], kind="bpe", group_id=100),
                    make_group("s", 9, [1, 0], kind="bpe", group_id=102)]}
-    plan = get_regime("ftis", kl_threshold=0.5).plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("ftis", kl_threshold=0.5), recv, own, peers, 2)
     # slot 100 pools [0,0 | 1,0]; slot 101 pools [1,0 | 0,0]: Â = ±(0.75 or 0.25)/(0.5+ε); default traces −0.5 per
     # token vs π_R,old = −3: k1 KL = 2.5 > 0.5 -> each slot's negative-advantage peer response is filtered
     a = torch.tensor([-0.25, -0.25, 0.75, 0.75, -0.25]) / (0.5 + EPS)
@@ -257,8 +258,7 @@ def test_repeated_prompt_pairs_each_slot_with_its_own_peer_group():
 def test_args_validated():
     for kw, msg in (({"is_cap": 0.0}, "is_cap"), ({"kl_threshold": -1.0}, "kl_threshold"),
                     ({"filter_kl": "k4"}, "filter_kl"), ({"advantage": "mean"}, "advantage"),
-                    ({"granularity": "char"}, "granularity"), ({"eps": -1.0}, "eps"),
-                    ({"logp_batch_size": -1}, "logp_batch_size")):
+                    ({"granularity": "char"}, "granularity"), ({"eps": -1.0}, "eps")):
         with pytest.raises(ValueError, match=msg):
             get_regime("ftis", **kw)
 
@@ -283,7 +283,7 @@ def _update(policy, plan, cfg, lr=0.01):
 def test_update_on_a_tiny_policy_and_micro_batches_change_nothing():
     policy = _tiny_policy()
     _, own, peers = scenario()
-    plan = get_regime("ftis", kl_threshold=None).plan(policy, own, peers, 1)
+    plan = plan_regime(get_regime("ftis", kl_threshold=None), policy, own, peers, 1)
     assert plan.objective == FTISObjective(is_cap=2.0) and plan.batch.is_peer.sum() == 2
     params = [p for p in policy.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
@@ -299,7 +299,7 @@ def test_update_on_a_tiny_policy_and_micro_batches_change_nothing():
     with torch.no_grad():
         for p, b0 in zip(params, before):
             p.copy_(b0)
-    plan = get_regime("ftis", kl_threshold=None).plan(policy, own, peers, 1)
+    plan = plan_regime(get_regime("ftis", kl_threshold=None), policy, own, peers, 1)
     _update(policy, plan, GRPOConfig(num_mini_batches=1, micro_batch_size=1))
     for p, a in zip(params, after):
         torch.testing.assert_close(p.detach(), a, rtol=0, atol=1e-6)

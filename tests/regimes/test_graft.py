@@ -12,6 +12,7 @@ import torch
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.graft import GRAFT, balanced_candidates, compatibility_score, compatibility_weight
 from mutual_rl.stats import flatten
+from mutual_rl.step.scoring import plan_regime
 from tests.regimes.scenario import FakeReceiver, make_group
 
 F, P = [0, 0, 0, 0], [1, 1, 1, 1]  # all-fail / all-pass groups of 4
@@ -77,7 +78,7 @@ def test_whole_group_replacement_keeps_source_advantages():
         make_group("s", 1, F),  # reverse direction candidate (R mixed, S all-fail)
         make_group("s", 2, P),  # all-pass: k_S = n, not a candidate
     ]}
-    plan = get_regime("graft").plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("graft"), recv, own, peers, 2)
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"consumed": 4, "not_candidate": 8}}
     b = plan.batch
@@ -97,7 +98,7 @@ def test_whole_group_replacement_keeps_source_advantages():
     with pytest.raises(ValueError, match="peer_last"):  # the earlier extra-mini-batches rule is gone
         get_regime("graft", peer_last="extra")
     # no peer-last order (ablation): the grafted group stays in prompt 0's place
-    none = get_regime("graft", peer_last="none").plan(recv, own, peers, 2)
+    none = plan_regime(get_regime("graft", peer_last="none"), recv, own, peers, 2)
     assert none.batch.prompt_ids == [0] * 4 + [1] * 4 + [2] * 4 and none.batch.is_peer[:4].all()
     assert none.mini_batches == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]
     m = flatten(plan.metrics)
@@ -111,7 +112,7 @@ def test_no_candidates():
     recv = const_receiver()
     own = [make_group("r", 0, [1, 0, 0, 0]), make_group("r", 1, P)]
     peers = {"s": [make_group("s", 0, [1, 1, 0, 0]), make_group("s", 1, [0, 1, 0, 0])]}
-    plan = get_regime("graft").plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("graft"), recv, own, peers, 2)
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"not_candidate": 8}}
     assert not plan.batch.is_peer.any() and len(plan.batch) == 8
@@ -125,13 +126,13 @@ def test_one_direction_only_m_zero_and_stored_peer_mode():
     recv = const_receiver()
     own = [make_group("r", 0, F), make_group("r", 1, F)]
     peers = {"s": [make_group("s", 0, [1, 0, 0, 0]), make_group("s", 1, [1, 1, 1, 0])]}
-    plan = get_regime("graft").plan(recv, own, peers, 1)
+    plan = plan_regime(get_regime("graft"), recv, own, peers, 1)
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"unbalanced": 8}}  # |C_{R→S}| = 0 -> m = 0
     metrics = flatten(plan.metrics)
     assert metrics["candidates/s"] == 2 and metrics["selected/s"] == 0
     assert not plan.batch.is_peer.any() and plan.mini_batches == [list(range(8))]
-    stored = get_regime("graft", balance=False).plan(recv, own, peers, 1)
+    stored = plan_regime(get_regime("graft", balance=False), recv, own, peers, 1)
     assert_flows(stored, peers)
     assert stored.flows == {"s": {"consumed": 8}}
     assert stored.batch.is_peer.all() and stored.batch.prompt_ids == [0] * 4 + [1] * 4
@@ -144,7 +145,7 @@ def test_groups_of_size_one_never_transfer():
     recv = const_receiver()
     own = [make_group("r", 0, [0]), make_group("r", 1, [1])]
     peers = {"s": [make_group("s", 0, [1]), make_group("s", 1, [0])]}
-    plan = get_regime("graft", balance=False).plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("graft", balance=False), recv, own, peers, 2)
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"not_candidate": 2}}  # k_S = 1 = n: no reward contrast
     metrics = flatten(plan.metrics)
@@ -158,7 +159,7 @@ def test_balancing_boundary_ties_kept():
     peers = {"s": [make_group("s", 0, [1, 1, 1, 0]), make_group("s", 1, [1, 1, 0, 0]),
                    make_group("s", 2, [0, 0, 1, 1]), make_group("s", 3, [1, 0, 0, 0]),
                    make_group("s", 4, F), make_group("s", 5, F)]}
-    plan = get_regime("graft").plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("graft"), recv, own, peers, 2)
     assert_flows(plan, peers)
     # C_{S→R} = {0: 3, 1: 2, 2: 2, 3: 1}, |C_{R→S}| = 2 -> m = 2: keep 0 and both k = 2 ties, cut prompt 3
     assert plan.flows == {"s": {"consumed": 12, "unbalanced": 4, "not_candidate": 8}}
@@ -179,7 +180,7 @@ def test_compatibility_weights_and_floor_in_plan():
     peers = {"s": [make_group("s", 0, [1, 0, 1, 0], texts=["46", "47", "48", "49"], logps=traces,
                               advantages=[0.5, -0.5, 0.25, -0.25]),
                    make_group("s", 1, [0, 0, 0, 0])]}
-    plan = GRAFT(delta=delta).plan(recv, own, peers, 1)
+    plan = plan_regime(GRAFT(delta=delta), recv, own, peers, 1)
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"consumed": 3, "compat_below_floor": 1, "not_candidate": 4}}
     s = torch.tensor([1.0, math.exp(-0.125), math.exp(-0.25), math.exp(0.5)])
@@ -209,7 +210,7 @@ def test_whole_group_below_floor_keeps_own_group():
     recv = const_receiver(-3.0)  # s = exp(-3 + 0.5) < 0.8 for all
     own = [make_group("r", 0, [0, 0]), make_group("r", 1, [1, 0])]
     peers = {"s": [make_group("s", 0, [1, 0]), make_group("s", 1, [0, 0])]}
-    plan = get_regime("graft").plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("graft"), recv, own, peers, 2)
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"compat_below_floor": 2, "not_candidate": 2}}
     assert plan.batch.prompt_ids == [0, 0, 1, 1] and not plan.batch.is_peer.any()
@@ -228,7 +229,7 @@ def test_cross_tokenizer_means_each_in_own_tokenization():
     own = [make_group("r", 0, [0, 0]), make_group("r", 1, [1, 0])]
     peers = {"s": [make_group("s", 0, [1, 0], kind="bpe", texts=["123", "123"], logps=[trace, trace]),
                    make_group("s", 1, [0, 0], kind="bpe")]}
-    plan = GRAFT(delta=0.0).plan(recv, own, peers, 1)
+    plan = plan_regime(GRAFT(delta=0.0), recv, own, peers, 1)
     assert_flows(plan, peers)
     # receiver: "123" + EOS = 4 char tokens with log-probs 0, -0.1, -0.2, -0.3 -> mean -0.15
     src_mean = sum(torch.tensor(trace).double().tolist()) / n_src
@@ -254,7 +255,7 @@ def _three():
 
 def test_three_policies_pairwise_balancing_and_source_choice():
     own, peers = _three()
-    plan = get_regime("graft").plan(const_receiver(), own, peers, 2)
+    plan = plan_regime(get_regime("graft"), const_receiver(), own, peers, 2)
     assert_flows(plan, peers)
     # (r, b): C = {0: 1, 1: 2}, |C_{r→b}| = 1 (prompt 3: b all-pass) -> keep prompt 1 only
     # (r, c): C = {0: 1, 1: 2}, |C_{r→c}| = 2 -> keep both
@@ -268,7 +269,7 @@ def test_three_policies_pairwise_balancing_and_source_choice():
     assert metrics["rescued/b"] == 1 and metrics["rescued/c"] == 1
     assert metrics["selected/b"] == 1 and metrics["selected/c"] == 2
     # policy_order puts c first: it wins the tie on prompt 1
-    plan2 = get_regime("graft", policy_order=["c", "b"]).plan(const_receiver(), own, peers, 2)
+    plan2 = plan_regime(get_regime("graft", policy_order=["c", "b"]), const_receiver(), own, peers, 2)
     assert_flows(plan2, peers)
     assert plan2.flows == {"b": {"unbalanced": 4, "other_source": 4, "not_candidate": 8},
                            "c": {"consumed": 8, "not_candidate": 8}}
@@ -278,7 +279,7 @@ def test_three_policies_highest_k_wins_over_order():
     own = [make_group("r", 0, F), make_group("r", 1, [1, 0, 0, 0])]
     peers = {"b": [make_group("b", 0, [1, 0, 0, 0]), make_group("b", 1, F)],
              "c": [make_group("c", 0, [1, 1, 1, 0]), make_group("c", 1, F)]}
-    plan = get_regime("graft").plan(const_receiver(), own, peers, 1)
+    plan = plan_regime(get_regime("graft"), const_receiver(), own, peers, 1)
     assert_flows(plan, peers)
     assert plan.flows == {"b": {"other_source": 4, "not_candidate": 4}, "c": {"consumed": 4, "not_candidate": 4}}
 
@@ -286,7 +287,7 @@ def test_three_policies_highest_k_wins_over_order():
 def test_no_own_group_flow_and_bad_args():
     own = [make_group("r", 0, F)]
     peers = {"s": [make_group("s", 0, [1, 0, 0, 0]), make_group("s", 7, [1, 0, 0, 0])]}
-    plan = get_regime("graft", balance=False).plan(const_receiver(), own, peers, 1)
+    plan = plan_regime(get_regime("graft", balance=False), const_receiver(), own, peers, 1)
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"consumed": 4, "no_own_group": 4}}
     with pytest.raises(ValueError, match="unknown arguments"):
@@ -307,7 +308,7 @@ def test_peer_last_order_in_update():
     own = [make_group("r", 0, [0, 0]), make_group("r", 1, [1, 0]), make_group("r", 2, [0, 1])]
     peers = {"s": [make_group("s", 0, [1, 0], kind="bpe"), make_group("s", 1, [0, 0], kind="bpe"),
                    make_group("s", 2, [0, 0], kind="bpe")]}
-    plan = GRAFT(delta=0.0).plan(policy, own, peers, 2)  # δ = 0 admits every response whatever s is
+    plan = plan_regime(GRAFT(delta=0.0), policy, own, peers, 2)  # δ = 0 admits every response whatever s is
     assert_flows(plan, peers)
     assert plan.objective is None  # DAPO
     plan.objective = recording = Recording()

@@ -17,6 +17,7 @@ from mutual_rl.regimes.graft import GRAFT, balanced_candidates, candidate_prompt
 from mutual_rl.rewards import register_reward
 from mutual_rl.rewards.base import available_rewards
 from mutual_rl.stats import flatten
+from mutual_rl.step.scoring import plan_regime
 from tests.regimes.scenario import FakeReceiver, make_group
 from tests.regimes.test_graft import F, P, _three, assert_flows, const_receiver, peer_rows, row_texts
 
@@ -55,7 +56,7 @@ def _split(plan):
 def test_weighted_gate_split_by_peer_reward():
     """Default rule: the success with s = δ is dropped; both failures (s = e^-0.125, e^0.5) pass the gate."""
     recv, own, peers, calls = _scored()
-    plan = GRAFT(delta=DELTA).plan(recv, own, peers, 1)
+    plan = plan_regime(GRAFT(delta=DELTA), recv, own, peers, 1)
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"consumed": 3, "compat_below_floor": 1, "not_candidate": 4}}
     assert sum(calls) == 4  # the whole group was evaluated
@@ -65,12 +66,12 @@ def test_weighted_gate_split_by_peer_reward():
 
 
 def test_split_counts_without_any_evaluation_and_with_three_policies():
-    plan = get_regime("graft").plan(const_receiver(), [make_group("r", 0, [1, 0, 0, 0])],
+    plan = plan_regime(get_regime("graft"), const_receiver(), [make_group("r", 0, [1, 0, 0, 0])],
                                     {"s": [make_group("s", 0, [1, 1, 0, 0])]}, 1)
     assert _split(plan) == {"evaluated_success": 0.0, "evaluated_failure": 0.0, "admitted_success": 0.0,
                             "admitted_failure": 0.0}  # the fractions are absent: nothing was evaluated
     own, peers = _three()  # c's group for prompt 0 (1 success of 4) and b's for prompt 1 (2 of 4), s = 1
-    plan = get_regime("graft").plan(const_receiver(), own, peers, 2)
+    plan = plan_regime(get_regime("graft"), const_receiver(), own, peers, 2)
     assert _split(plan) == {"evaluated_success": 3.0, "evaluated_failure": 5.0, "admitted_success": 3.0,
                             "admitted_failure": 5.0, "admitted_frac_success": 1.0, "admitted_frac_failure": 1.0}
 
@@ -78,7 +79,7 @@ def test_split_counts_without_any_evaluation_and_with_three_policies():
 # ------------------------------------------------------------------------------------------ no compatibility weight
 def test_compatibility_off_grafts_every_response_with_weight_one():
     recv, own, peers, _ = _scored()
-    plan = GRAFT(delta=DELTA, compatibility="off").plan(recv, own, peers, 1)
+    plan = plan_regime(GRAFT(delta=DELTA, compatibility="off"), recv, own, peers, 1)
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"consumed": 4, "not_candidate": 4}}  # no compat_below_floor
     rows = peer_rows(plan)
@@ -100,9 +101,9 @@ def test_compatibility_off_grafts_a_group_the_floor_would_drop_whole():
     recv = const_receiver(-3.0)  # s = exp(-3 + 0.5) < 0.8 for every response
     own = [make_group("r", 0, [0, 0]), make_group("r", 1, [1, 0])]
     peers = {"s": [make_group("s", 0, [1, 0]), make_group("s", 1, [0, 0])]}
-    assert get_regime("graft").plan(recv, own, peers, 2).flows == {"s": {"compat_below_floor": 2,
+    assert plan_regime(get_regime("graft"), recv, own, peers, 2).flows == {"s": {"compat_below_floor": 2,
                                                                          "not_candidate": 2}}
-    plan = get_regime("graft", compatibility="off").plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("graft", compatibility="off"), recv, own, peers, 2)
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"consumed": 2, "not_candidate": 2}}
     assert plan.batch.prompt_ids == [1, 1, 0, 0] and plan.batch.is_peer.tolist() == [False, False, True, True]
@@ -114,7 +115,7 @@ def test_compatibility_off_grafts_a_group_the_floor_would_drop_whole():
 def test_successes_only_weighted():
     """Successes 0 and 2 are crossed and scored (s = 1 and δ): one admitted; the two failures not_success."""
     recv, own, peers, calls = _scored()
-    plan = GRAFT(delta=DELTA, transfer="successes").plan(recv, own, peers, 1)
+    plan = plan_regime(GRAFT(delta=DELTA, transfer="successes"), recv, own, peers, 1)
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"consumed": 1, "compat_below_floor": 1, "not_success": 2, "not_candidate": 4}}
     assert sum(calls) == 2  # only the successes were evaluated
@@ -131,20 +132,20 @@ def test_successes_only_weighted():
 
 def test_successes_only_without_compatibility_weight():
     recv, own, peers, _ = _scored()
-    plan = GRAFT(delta=DELTA, transfer="successes", compatibility="off").plan(recv, own, peers, 2)
+    plan = plan_regime(GRAFT(delta=DELTA, transfer="successes", compatibility="off"), recv, own, peers, 2)
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"consumed": 2, "not_success": 2, "not_candidate": 4}}
     b = plan.batch
     assert row_texts(recv, b, peer_rows(plan)) == ["46", "48"]
     assert torch.equal(b.advantages[2:], torch.tensor([0.5, 0.25])) and torch.equal(b.weights, torch.ones(4))
     assert plan.mini_batches == [[0, 1], [2, 3]]  # 2 own rows, then the 2 grafted successes last
-    none = GRAFT(delta=DELTA, transfer="successes", compatibility="off", peer_last="none").plan(recv, own, peers, 2)
+    none = plan_regime(GRAFT(delta=DELTA, transfer="successes", compatibility="off", peer_last="none"), recv, own, peers, 2)
     assert none.batch.prompt_ids == [0, 0, 1, 1] and none.batch.is_peer.tolist() == [True, True, False, False]
 
 
 def test_successes_only_with_three_policies_and_stored_peers():
     own, peers = _three()
-    plan = get_regime("graft", transfer="successes").plan(const_receiver(), own, peers, 2)
+    plan = plan_regime(get_regime("graft", transfer="successes"), const_receiver(), own, peers, 2)
     assert_flows(plan, peers)
     # same choice as the whole-group rule (prompt 0 from c, prompt 1 from b), then only their successes
     assert plan.flows == {"b": {"unbalanced": 4, "consumed": 2, "not_success": 2, "not_candidate": 8},
@@ -156,7 +157,7 @@ def test_successes_only_with_three_policies_and_stored_peers():
     metrics = flatten(plan.metrics)
     assert metrics["rescued/b"] == 1 and metrics["transferred_responses/b"] == 2
     assert metrics["rescued/c"] == 1 and metrics["transferred_responses/c"] == 1
-    stored = get_regime("graft", balance=False, transfer="successes").plan(
+    stored = plan_regime(get_regime("graft", balance=False, transfer="successes"),
         const_receiver(), [make_group("r", 0, F), make_group("r", 1, F)],
         {"s": [make_group("s", 0, [0, 1, 0, 1]), make_group("s", 1, P)]}, 1)
     assert stored.flows == {"s": {"consumed": 2, "not_success": 2, "not_candidate": 4}}  # all-pass: no candidate
@@ -210,8 +211,8 @@ def test_ablation_two_trainer_steps(args, tmp_path, monkeypatch):
     plans = []
     original = GRAFT.plan
 
-    def recording(self, receiver, own, peers, num_mini_batches):
-        plan = original(self, receiver, own, peers, num_mini_batches)
+    def recording(self, receiver, own, peers, num_mini_batches, scores=None):
+        plan = original(self, receiver, own, peers, num_mini_batches, scores)
         plans.append((self, own, peers, plan))
         return plan
 

@@ -13,6 +13,7 @@ from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.graft import GRAFT
 from mutual_rl.regimes.hacpo import HACPO
 from mutual_rl.stats import flatten
+from mutual_rl.step.scoring import plan_regime
 from tests.regimes.scenario import FakeReceiver, make_group
 
 
@@ -28,7 +29,7 @@ def scenario():
 
 def test_hacpo_rule_pools_only_the_selected_prompt():
     recv, own, peers = scenario()
-    plan = get_regime("graft", update_rule="hacpo").plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("graft", update_rule="hacpo"), recv, own, peers, 2)
     assert plan.objective == HACPO().objective  # HACPO's, with its defaults
     b = plan.batch
     # HACPO's order: R's own rows (6) in 2 mini-batches of 3, then the 3 rows of S's q0 group in one more
@@ -53,7 +54,7 @@ def test_hacpo_rule_pools_only_the_selected_prompt():
     assert "compat_s_mean" not in m
     # HACPO's state (capability windows, steps planned) is the regime's
     state = get_regime("graft", update_rule="hacpo")
-    state.plan(recv, own, peers, 2)
+    plan_regime(state, recv, own, peers, 2)
     saved = state.state_dict()
     assert saved["rule"]["updates"] == {"r": 1} and set(saved["rule"]["windows"]) == {"r", "s"}
     other = GRAFT(update_rule="hacpo")
@@ -63,8 +64,8 @@ def test_hacpo_rule_pools_only_the_selected_prompt():
 
 def test_sgt_rule_adds_one_drawn_success_of_the_selected_prompt():
     recv, own, peers = scenario()
-    plan = get_regime("graft", update_rule="sgt", rule_args={"coef": 0.25}).plan(recv, own, peers, 2)
-    base = get_regime("none").plan(recv, own, {}, 2)
+    plan = plan_regime(get_regime("graft", update_rule="sgt", rule_args={"coef": 0.25}), recv, own, peers, 2)
+    base = plan_regime(get_regime("none"), recv, own, {}, 2)
     assert plan.objective is None  # DAPO
     assert torch.equal(plan.batch.input_ids, base.batch.input_ids) and plan.mini_batches == base.mini_batches
     assert torch.equal(plan.batch.advantages, base.batch.advantages)  # R's own GRPO batch, unchanged
@@ -73,7 +74,7 @@ def test_sgt_rule_adds_one_drawn_success_of_the_selected_prompt():
     ids = nll.batch.input_ids[0, -nll.batch.response_width:][nll.batch.response_mask[0].bool()].tolist()
     assert recv.tokenizer.decode(ids, skip_special_tokens=True) == "46"  # q0's only success
     # q2: SGT alone would rescue it (S succeeds), GRAFT does not select it (all-pass source group)
-    assert get_regime("sgt").plan(recv, own, peers, 2).nll.batch.prompt_ids == [0, 2]
+    assert plan_regime(get_regime("sgt"), recv, own, peers, 2).nll.batch.prompt_ids == [0, 2]
     assert plan.flows == {"s": {"consumed": 1, "not_success": 2, "not_candidate": 4}}
     m = flatten(plan.metrics)
     assert m["rescued/s"] == m["rescued"] == m["transferred_groups"] == m["transferred_responses"] == 1.0
@@ -82,10 +83,10 @@ def test_sgt_rule_adds_one_drawn_success_of_the_selected_prompt():
 def test_no_selection_is_plain_rule_without_peers():
     recv, own, _ = scenario()
     peers = {"s": [make_group("s", 0, [1, 0, 0], kind="bpe")]}  # no reverse candidate: m = 0
-    plan = get_regime("graft", update_rule="sgt").plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("graft", update_rule="sgt"), recv, own, peers, 2)
     assert plan.nll is None and plan.flows == {"s": {"unbalanced": 3}}
     assert flatten(plan.metrics)["transferred_groups"] == 0.0
-    plan = get_regime("graft", update_rule="hacpo").plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("graft", update_rule="hacpo"), recv, own, peers, 2)
     assert not plan.batch.is_peer.any() and plan.flows == {"s": {"unbalanced": 3}}
 
 

@@ -14,6 +14,7 @@ from mutual_rl.algorithms.hacpo import capability_ratio, hacpo_advantages, lower
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.hacpo import HACPO
 from mutual_rl.stats import flatten
+from mutual_rl.step.scoring import plan_regime
 from mutual_rl.types import PolicyBatch
 from mutual_rl.update.config import GRPOConfig
 from mutual_rl.update.objectives import HACPOObjective, Norms
@@ -65,7 +66,7 @@ def test_plan_pooled_advantages_row_inputs_flows_metrics_interleaved_option():
     own = [make_group("r", 0, [1, 0]), make_group("r", 1, [0, 0])]  # P_r = 1/4
     peers = {"s": [make_group("s", 0, [1, 1], kind="bpe"), make_group("s", 1, [1, 0], kind="bpe"),
                    make_group("s", 5, [0, 0], kind="bpe")]}  # P_s = 3/6; prompt 5: no own group
-    plan = get_regime("hacpo", row_order="interleaved").plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("hacpo", row_order="interleaved"), recv, own, peers, 2)
     assert_flows(plan, peers)
     assert plan.flows == {"s": {"consumed": 4, "no_own_group": 2}}
     assert plan.objective == HACPOObjective(lower_start=0.8, lower_slope=0.025, lower_m0=0, lower_per_update=1,
@@ -95,7 +96,7 @@ def test_plan_own_then_peer_order_and_twice_the_mini_batches_by_default():
     own = [make_group("r", 0, [1, 0]), make_group("r", 1, [0, 0])]
     peers = {"s": [make_group("s", 0, [1, 1], kind="bpe"), make_group("s", 1, [1, 0], kind="bpe"),
                    make_group("s", 5, [0, 0], kind="bpe")]}  # as the interleaved test: P_r/P_s = 0.5
-    plan = get_regime("hacpo").plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("hacpo"), recv, own, peers, 2)
     assert_flows(plan, peers)
     b = plan.batch
     assert b.prompt_ids == [0, 0, 1, 1, 0, 0, 1, 1]
@@ -109,16 +110,16 @@ def test_plan_own_then_peer_order_and_twice_the_mini_batches_by_default():
     # public code's shape: 4 own groups of 2 (8 rows) in 2 mini-batches of 4 -> two peer updates of 4 rows
     own4 = [make_group("r", q, [0, 1]) for q in range(4)]
     peers4 = {"s": [make_group("s", q, [1, 0], kind="bpe") for q in range(4)]}
-    plan = get_regime("hacpo").plan(recv, own4, peers4, 2)
+    plan = plan_regime(get_regime("hacpo"), recv, own4, peers4, 2)
     assert [len(mb) for mb in plan.mini_batches] == [4, 4, 4, 4]
     assert [plan.batch.is_peer[mb].tolist() for mb in plan.mini_batches] == [[False] * 4] * 2 + [[True] * 4] * 2
     # two peers: twice as many peer rows -> four peer updates of the own size; a short peer tail: ceil
     peers2 = {"s": peers4["s"], "t": [make_group("t", q, [1, 0], kind="bpe") for q in range(4)]}
-    assert [len(mb) for mb in get_regime("hacpo").plan(recv, own4, peers2, 2).mini_batches] == [4] * 6
+    assert [len(mb) for mb in plan_regime(get_regime("hacpo"), recv, own4, peers2, 2).mini_batches] == [4] * 6
     peers3 = {"s": [make_group("s", q, [1, 0, 1], kind="bpe") for q in range(2)]}
-    assert [len(mb) for mb in get_regime("hacpo").plan(recv, own4, peers3, 2).mini_batches] == [4, 4, 3, 3]
+    assert [len(mb) for mb in plan_regime(get_regime("hacpo"), recv, own4, peers3, 2).mini_batches] == [4, 4, 3, 3]
     # no peer rows: GRPO's mini-batches exactly
-    assert get_regime("hacpo").plan(recv, own4, {"s": []}, 2).mini_batches == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert plan_regime(get_regime("hacpo"), recv, own4, {"s": []}, 2).mini_batches == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def test_row_order_is_validated():
@@ -129,7 +130,7 @@ def test_row_order_is_validated():
 def _step(regime, step, r_rewards, s_rewards):
     own = [make_group("r", 0, r_rewards, step=step)]
     peers = {"s": [make_group("s", 0, s_rewards, step=step)]}
-    plan = regime.plan(FakeReceiver("r"), own, peers, 1)
+    plan = plan_regime(regime, FakeReceiver("r"), own, peers, 1)
     assert_flows(plan, peers)
     return plan
 
@@ -268,7 +269,7 @@ def test_update_on_tiny_policy_with_kl():
                           needs_reference=True)
     own = [make_group("r", 0, [1, 0]), make_group("r", 1, [0, 0])]
     peers = {"s": [make_group("s", 0, [1, 1], kind="bpe"), make_group("s", 1, [1, 0], kind="bpe")]}
-    plan = get_regime("hacpo").plan(policy, own, peers, 2)
+    plan = plan_regime(get_regime("hacpo"), policy, own, peers, 2)
     assert_flows(plan, peers)
     params = [p for p in policy.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]

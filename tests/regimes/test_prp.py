@@ -11,6 +11,7 @@ import torch
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.base import split_rows
 from mutual_rl.stats import flatten
+from mutual_rl.step.scoring import plan_regime
 from mutual_rl.types import PolicyBatch
 from mutual_rl.update.config import GRPOConfig
 from mutual_rl.update.objectives import Norms, PRPTruncatedIS, resolve
@@ -41,7 +42,7 @@ def test_learner_snapshot_pooled_advantages_and_rows():
     # pool [0,0,1,0]: mean 0.25, Σ dev^2 = 3·0.0625 + 0.5625 = 0.75, var 0.25, std 0.5
     # Â = (r - 0.25) / 0.500001 = [-0.25, -0.25, 0.75, -0.25] / 0.500001 ≈ [-0.5, -0.5, 1.5, -0.5]
     recv, own, peers = scenario()
-    plan = get_regime("prp").plan(recv, own, peers, 1)
+    plan = plan_regime(get_regime("prp"), recv, own, peers, 1)
     b = plan.batch
     torch.testing.assert_close(b.advantages, torch.tensor([-0.25, -0.25, 0.75, -0.25]) / (0.5 + EPS), rtol=0, atol=1e-7)
     assert b.is_peer.tolist() == [False, False, True, True]
@@ -63,8 +64,8 @@ def test_peer_aligned_rows_carry_the_aligned_trace():
     # " 34"+EOS <- ' ','3','4',EOS (-0.2 - 0.4 - 0.6 - 0.8 = -2.0 over 4 char tokens: -0.5 each);
     # "47"+EOS: one word, -6.0 over 3 tokens: -2.0 each.
     recv, own, peers = scenario()
-    assert get_regime("prp", denominator="peer_aligned").plan(recv, own, peers, 1).objective is None  # clip: DAPO
-    plan = get_regime("prp", denominator="peer_aligned", objective="tis", is_cap=3.0).plan(recv, own, peers, 1)
+    assert plan_regime(get_regime("prp", denominator="peer_aligned"), recv, own, peers, 1).objective is None  # clip: DAPO
+    plan = plan_regime(get_regime("prp", denominator="peer_aligned", objective="tis", is_cap=3.0), recv, own, peers, 1)
     b = plan.batch
     assert b.needs_old_logp.tolist() == [False] * 4
     torch.testing.assert_close(b.old_logp[2, :6], torch.tensor([-0.2, -0.2, -0.5, -0.5, -0.5, -0.5]))
@@ -74,7 +75,7 @@ def test_peer_aligned_rows_carry_the_aligned_trace():
     assert (b.gen_logp, b.source_mean_logp, b.cap_ratio) == (None, None, None)  # the trace is their old_logp
     assert plan.objective == PRPTruncatedIS(is_cap=3.0)  # DAPO's terms: the algorithm's
     # span granularity: "12"+" "+"34" per character, identical spans -> the source trace unchanged
-    plan = get_regime("prp", denominator="peer_aligned", granularity="span").plan(recv, own, peers, 1)
+    plan = plan_regime(get_regime("prp", denominator="peer_aligned", granularity="span"), recv, own, peers, 1)
     torch.testing.assert_close(plan.batch.old_logp[2, :6], torch.tensor([-0.1, -0.3, -0.2, -0.4, -0.6, -0.8]))
 
 
@@ -109,7 +110,7 @@ def test_same_objective_form_under_both_denominators_hand_derived(denominator, f
     ρ = [1.5, .5, 3, 1] -> clip [0, -.125, 0, -.25], tis [-.375, -.125, -.5, -.25])."""
     recv, own, peers = scenario()
     kw = {} if form == "clip" else {"objective": "tis"}
-    plan = get_regime("prp", denominator=denominator, **kw).plan(recv, own, peers, 1)
+    plan = plan_regime(get_regime("prp", denominator=denominator, **kw), recv, own, peers, 1)
     assert plan.objective == {"clip": None, "tis": PRPTruncatedIS(is_cap=2.0)}[form]  # None: DAPO
     peer = plan.batch.is_peer
     if denominator == "learner_snapshot":  # π_R,old, recomputed by the update
@@ -133,7 +134,7 @@ def test_three_policies_missing_prompts_and_mini_batches_in_prompt_order():
               make_group("s", 2, [1, 0], kind="bpe")],
         "t": [make_group("t", 1, [0, 0, 0])],
     }
-    plan = get_regime("prp").plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("prp"), recv, own, peers, 2)
     b = plan.batch
     # rows: p0: R0 R0 S1 S1 | p1: R1 R0 S1 T0 T0 T0
     assert b.prompt_ids == [0] * 4 + [1] * 6
@@ -155,15 +156,15 @@ def test_no_peers_is_plain_grpo_and_all_pass_and_size_one():
     recv = FakeReceiver("r")
     own = [make_group("r", 0, [1, 0, 0]), make_group("r", 1, [1])]
     for denominator in ("learner_snapshot", "peer_aligned"):
-        plan = get_regime("prp", denominator=denominator).plan(recv, own, {}, 2)
-        base = get_regime("none").plan(recv, own, {}, 2)
+        plan = plan_regime(get_regime("prp", denominator=denominator), recv, own, {}, 2)
+        base = plan_regime(get_regime("none"), recv, own, {}, 2)
         assert plan.objective is None and plan.flows == {}  # DAPO
         assert torch.equal(plan.batch.input_ids, base.batch.input_ids) and plan.mini_batches == base.mini_batches
         torch.testing.assert_close(plan.batch.advantages, base.batch.advantages, rtol=0, atol=0)
     # all-pass pool: zero advantages for every row; size-1 R group with a size-1 peer: pool of 2
     peers = {"s": [make_group("s", 0, [1, 1, 1], kind="bpe")], "t": [make_group("t", 1, [1])]}
     own = [make_group("r", 0, [1, 1, 1]), make_group("r", 1, [0])]
-    plan = get_regime("prp").plan(recv, own, peers, 1)
+    plan = plan_regime(get_regime("prp"), recv, own, peers, 1)
     a = 0.5 / (math.sqrt(0.5) + EPS)
     torch.testing.assert_close(plan.batch.advantages, torch.tensor([0.0] * 6 + [-a, a]), rtol=0, atol=1e-7)
     assert plan.batch.advantages[:6].eq(0).all()
@@ -267,7 +268,7 @@ def test_update_on_a_tiny_policy(denominator, objective):
 
     policy = build_policy(PolicySpec(name="r", model="tiny:llama-char", warmstart=WarmStart(steps=5)))
     recv, own, peers = scenario()
-    plan = get_regime("prp", denominator=denominator, objective=objective).plan(policy, own, peers, 1)
+    plan = plan_regime(get_regime("prp", denominator=denominator, objective=objective), policy, own, peers, 1)
     params = [p for p in policy.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     opt = torch.optim.SGD(params, lr=0.01)

@@ -21,6 +21,7 @@ from mutual_rl.regimes.sgt import SGTStats
 from mutual_rl.regimes.xgrpo import XGRPOStats
 from mutual_rl.stats import RolloutStats, ScoringStats, count_names, flatten, merge
 from mutual_rl.step.report import PolicyStepReport
+from mutual_rl.step.scoring import plan_regime
 from tests.regimes.scenario import FakeReceiver, make_group
 
 RECORDS = (SGTStats, GraftStats, HACPOStats, PRPStats, XGRPOStats, FTISStats)
@@ -52,7 +53,7 @@ def scenario(kind: str = "bpe"):
 def plan_of(name: str, kind: str = "bpe", **args):
     recv, own, peers = scenario(kind)
     regime = get_regime(name, **args)
-    plan = regime.plan(recv, own, peers, 2)
+    plan = plan_regime(regime, recv, own, peers, 2)
     assert isinstance(plan.metrics, type(regime).stats_type)
     return plan
 
@@ -62,7 +63,7 @@ def test_sgt_names_and_values():
     assert set(m) == {"rescued", "gate_rate", "all_fail_frac", "rescued/llama"}
     assert m == {"rescued/llama": 1.0, "rescued": 1.0, "gate_rate": 0.5, "all_fail_frac": 0.5}
     recv, own, _ = scenario()
-    alone = get_regime("sgt").plan(recv, own, {}, 2)  # no source: no per-source name
+    alone = plan_regime(get_regime("sgt"), recv, own, {}, 2)  # no source: no per-source name
     assert set(flatten(alone.metrics)) == {"rescued", "gate_rate", "all_fail_frac"}
 
 
@@ -91,7 +92,7 @@ def test_graft_names_of_a_kind_never_evaluated_are_absent():
     assert m["evaluated_failure"] == m["admitted_failure"] == 0.0 and m["transferred_responses"] == 1.0
     # nothing selected (one source group, no reverse candidate): nothing scored, no s statistics at all
     recv, own, _ = scenario()
-    plan = get_regime("graft").plan(recv, own, {"llama": [make_group("llama", 0, [1, 0], kind="bpe")]}, 2)
+    plan = plan_regime(get_regime("graft"), recv, own, {"llama": [make_group("llama", 0, [1, 0], kind="bpe")]}, 2)
     m = flatten(plan.metrics)
     assert set(m) == SELECTION | {"admitted_frac", "evaluated_success", "evaluated_failure",
                                   "admitted_success", "admitted_failure"}
@@ -157,7 +158,7 @@ def test_ftis_names_and_values():
     assert m["ftis/filtered"] == m["ftis/filtered_frac"] == 0.0 and m["ftis/neg_frac"] == 0.75
     assert m["ftis/peer_kl_mean"] == m["ftis/peer_kl_max"] == 0.0
     recv, own, _ = scenario()
-    alone = flatten(get_regime("ftis").plan(recv, own, {}, 2).metrics)  # nothing paired: no KL names
+    alone = flatten(plan_regime(get_regime("ftis"), recv, own, {}, 2).metrics)  # nothing paired: no KL names
     assert set(alone) == {"ftis/peer_rows", "ftis/peer_frac", "ftis/pool_size", "ftis/filtered",
                           "ftis/filtered_frac", "ftis/neg_frac", "ftis/peer_adv_mean"}
     assert alone["ftis/pool_size"] == 2.0 and alone["ftis/peer_rows"] == 0.0
@@ -165,7 +166,7 @@ def test_ftis_names_and_values():
 
 def test_no_sharing_reports_nothing():
     recv, own, peers = scenario()
-    assert get_regime("none").plan(recv, own, peers, 2).metrics is None
+    assert plan_regime(get_regime("none"), recv, own, peers, 2).metrics is None
 
 
 def test_stats_types():

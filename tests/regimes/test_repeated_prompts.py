@@ -11,6 +11,7 @@ from mutual_rl.algorithms import grpo_advantages
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.base import pair_peer_groups
 from mutual_rl.stats import flatten
+from mutual_rl.step.scoring import plan_regime
 from tests.regimes.scenario import FakeReceiver, make_group
 
 F = [0, 0, 0, 0]
@@ -52,7 +53,7 @@ def test_every_regime_accounts_each_slot_once(regime, args):
     own = same_prompt("r", [F, F, [1, 0, 0, 0]])
     peers = {"s": same_prompt("s", [[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 0]], kind="bpe"),
              "t": same_prompt("t", [[1, 0, 0, 0], [0, 1, 1, 0], [0, 0, 0, 0]], kind="bpe")}
-    plan = get_regime(regime, **args).plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime(regime, **args), recv, own, peers, 2)
     assert_flows(plan, peers)
     if regime in ("xgrpo", "prp", "hacpo", "ftis"):  # each pools its own slot's peer groups only: nothing counted twice
         assert all(f == {"consumed": 12} for f in plan.flows.values()), plan.flows
@@ -66,7 +67,7 @@ def test_xgrpo_pools_the_same_slot_only():
     recv = FakeReceiver("r")
     own = same_prompt("r", [[1, 0, 0, 0], [1, 0, 0, 0]])
     peers = {"s": same_prompt("s", [[1, 1, 1, 1], F], kind="bpe")}
-    plan = get_regime("xgrpo").plan(recv, own, peers, 1)
+    plan = plan_regime(get_regime("xgrpo"), recv, own, peers, 1)
     for slot, peer in ((0, [1.0] * 4), (1, [0.0] * 4)):
         pool = torch.tensor([1.0, 0, 0, 0] + peer)
         expected = grpo_advantages(pool, torch.zeros(8, dtype=torch.long))[:4]
@@ -77,7 +78,7 @@ def test_sgt_rescues_each_failed_slot_from_its_own_peer_group():
     recv = FakeReceiver("r")
     own = same_prompt("r", [F, F, [1, 0, 0, 0]])
     peers = {"s": same_prompt("s", [[1, 0, 0, 0], F, [1, 1, 0, 0]], kind="bpe")}
-    plan = get_regime("sgt").plan(recv, own, peers, 3)
+    plan = plan_regime(get_regime("sgt"), recv, own, peers, 3)
     assert_flows(plan, peers)
     # slot 0: gate open, one success drawn; slot 1: peer all-fail, gate closed; slot 2: R solved it, gate closed
     assert plan.flows == {"s": {"consumed": 1, "not_success": 3, "gate_closed": 8}}
@@ -90,7 +91,7 @@ def test_graft_treats_each_slot_as_its_own_candidate():
     recv = FakeReceiver("r", logp_fn=lambda ids, w: torch.full((ids.shape[0], w), -0.5))
     own = same_prompt("r", [F, F, [1, 1, 0, 0]])  # slots 0, 1 fail; slot 2 mixed
     peers = {"s": same_prompt("s", [[1, 1, 0, 0], [1, 0, 0, 0], F], kind="bpe")}
-    plan = get_regime("graft", delta=0.0).plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("graft", delta=0.0), recv, own, peers, 2)
     assert_flows(plan, peers)
     # C_{S→R} = {slot 0: 2, slot 1: 1}, C_{R→S} = {slot 2}: m = 1 keeps slot 0 only
     metrics = flatten(plan.metrics)

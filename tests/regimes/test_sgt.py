@@ -11,6 +11,7 @@ from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.base import own_batch, split_rows
 from mutual_rl.regimes.sgt import draw_index, spread_rows
 from mutual_rl.stats import flatten
+from mutual_rl.step.scoring import plan_regime
 from tests.regimes.helpers_xsp import assert_flows, assert_partition
 from tests.regimes.scenario import FakeReceiver, make_group
 
@@ -32,7 +33,7 @@ def test_gate_flows_and_nll_term_two_policies():
         make_group("s", 2, [0, 0], kind="bpe"),  # no peer success: gate closed
         make_group("s", 3, [1], kind="bpe"),  # R has no group for prompt 3
     ]}
-    plan = get_regime("sgt").plan(recv, own, peers, 1)
+    plan = plan_regime(get_regime("sgt"), recv, own, peers, 1)
     # R's own GRPO batch unchanged
     ref = own_batch(recv, own)
     for f in ("input_ids", "attention_mask", "response_mask", "old_logp", "advantages", "is_peer"):
@@ -68,7 +69,7 @@ def test_draw_is_among_all_peers_successes_pooled(seed, text, source):
     # seed 0: Random("0:0:r:0").randrange(3) = 1 -> s#2 "30"; seed 7: Random("7:0:r:0").randrange(3) = 2 -> t#1
     assert random.Random(f"{seed}:0:r:0").randrange(3) == {"s": 1, "t": 2}[source]
     recv, own, peers = _three_policy_scenario()
-    plan = get_regime("sgt", seed=seed).plan(recv, own, peers, 1)
+    plan = plan_regime(get_regime("sgt", seed=seed), recv, own, peers, 1)
     assert row_ids(plan.nll.batch, 0) == char_ids(recv, text)
     other = "t" if source == "s" else "s"
     metrics = flatten(plan.metrics)
@@ -84,8 +85,8 @@ def test_draw_is_deterministic_and_varies_with_step_and_seed():
     for seed in range(12):
         for step in range(3):
             recv, own, peers = _three_policy_scenario(step)
-            a = get_regime("sgt", seed=seed).plan(recv, own, peers, 1)
-            b = get_regime("sgt", seed=seed).plan(recv, own, dict(reversed(list(peers.items()))), 1)
+            a = plan_regime(get_regime("sgt", seed=seed), recv, own, peers, 1)
+            b = plan_regime(get_regime("sgt", seed=seed), recv, own, dict(reversed(list(peers.items()))), 1)
             assert row_ids(a.nll.batch, 0) == row_ids(b.nll.batch, 0)  # same seed, any peer order: same draw
             drawn[seed, step] = tuple(row_ids(a.nll.batch, 0))
             assert draw_index(seed, step, "r", 0, 3) == random.Random(f"{seed}:{step}:r:0").randrange(3)
@@ -97,7 +98,7 @@ def test_nll_rows_spread_evenly_over_the_updates():
     recv = FakeReceiver("r")
     own = [make_group("r", p, [0, 0]) for p in range(4)]  # rows 0-1, 2-3, 4-5, 6-7
     peers = {"s": [make_group("s", p, [1], kind="bpe") for p in (3, 1, 0)]}
-    plan = get_regime("sgt").plan(recv, own, peers, 3)
+    plan = plan_regime(get_regime("sgt"), recv, own, peers, 3)
     assert plan.mini_batches == split_rows(8, 3) == [[0, 1, 2], [3, 4], [5, 6, 7]]
     assert plan.nll.batch.prompt_ids == [0, 1, 3]  # in R's prompt order
     # 3 rescued over 3 updates: one each, placed by the seeded permutation (not by where R's group lies)
@@ -132,14 +133,14 @@ def test_size_one_groups_all_pass_peer_threshold_and_coef():
     recv = FakeReceiver("r")
     own = [make_group("r", 0, [0]), make_group("r", 1, [0.5])]
     peers = {"s": [make_group("s", 0, [1, 1, 1], kind="bpe"), make_group("s", 1, [1, 1], kind="bpe")]}
-    plan = get_regime("sgt", coef=0.25).plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("sgt", coef=0.25), recv, own, peers, 2)
     # threshold 0: R succeeds on prompt 1 (0.5 > 0) -> gate closed there
     assert plan.nll.coef == 0.25 and plan.nll.batch.prompt_ids == [0] and plan.nll.mini_batches == [[0], []]
     assert_flows(plan, peers, {"s": {"consumed": 1, "not_drawn": 2, "gate_closed": 2}})
     # threshold 0.5: 0.5 is not a success -> both prompts gated
     regime = get_regime("sgt")
     regime.success_threshold = 0.5  # set by the module from algorithm.success_threshold
-    plan = regime.plan(recv, own, peers, 2)
+    plan = plan_regime(regime, recv, own, peers, 2)
     assert plan.nll.batch.prompt_ids == [0, 1] and sorted(plan.nll.mini_batches) == [[0], [1]]
     assert_flows(plan, peers, {"s": {"consumed": 2, "not_drawn": 3}})
 
@@ -147,13 +148,13 @@ def test_size_one_groups_all_pass_peer_threshold_and_coef():
 def test_no_peers_is_plain_grpo_and_no_rescue_means_no_nll():
     recv = FakeReceiver("r")
     own = [make_group("r", 0, [0, 0]), make_group("r", 1, [1, 0])]
-    plan = get_regime("sgt").plan(recv, own, {}, 2)
-    base = get_regime("none").plan(recv, own, {}, 2)
+    plan = plan_regime(get_regime("sgt"), recv, own, {}, 2)
+    base = plan_regime(get_regime("none"), recv, own, {}, 2)
     assert plan.nll is None and plan.flows == {} and plan.mini_batches == base.mini_batches
     assert torch.equal(plan.batch.advantages, base.batch.advantages)
     assert flatten(plan.metrics) == {"rescued": 0.0, "gate_rate": 0.0, "all_fail_frac": 0.5}
     peers = {"s": [make_group("s", 0, [0, 0], kind="bpe"), make_group("s", 1, [1, 1], kind="bpe")]}
-    plan = get_regime("sgt").plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("sgt"), recv, own, peers, 2)
     assert plan.nll is None
     assert_flows(plan, peers, {"s": {"gate_closed": 4}})
 
@@ -161,8 +162,8 @@ def test_no_peers_is_plain_grpo_and_no_rescue_means_no_nll():
 def test_applies_in_every_direction():
     a = [make_group("a", 0, [0, 0]), make_group("a", 1, [1, 0])]
     b = [make_group("b", 0, [1, 0], kind="bpe"), make_group("b", 1, [0, 0], kind="bpe")]
-    pa = get_regime("sgt").plan(FakeReceiver("a"), a, {"b": b}, 1)
-    pb = get_regime("sgt").plan(FakeReceiver("b", kind="bpe"), b, {"a": a}, 1)
+    pa = plan_regime(get_regime("sgt"), FakeReceiver("a"), a, {"b": b}, 1)
+    pb = plan_regime(get_regime("sgt"), FakeReceiver("b", kind="bpe"), b, {"a": a}, 1)
     assert pa.nll.batch.prompt_ids == [0] and pb.nll.batch.prompt_ids == [1]
     assert_flows(pa, {"b": b}, {"b": {"consumed": 1, "not_success": 1, "gate_closed": 2}})
     assert_flows(pb, {"a": a}, {"a": {"consumed": 1, "not_success": 1, "gate_closed": 2}})
@@ -188,7 +189,7 @@ def test_update_moves_parameters_along_minus_grad_nll():
     own = [make_group("r", 0, [0, 0]), make_group("r", 1, [0, 0])]
     peers = {"s": [make_group("s", 0, [1, 0], kind="bpe", texts=["46", "47"]),
                    make_group("s", 1, [0, 1], kind="bpe", texts=["12", "35"])]}
-    plan = get_regime("sgt", coef=0.1).plan(policy, own, peers, 2)
+    plan = plan_regime(get_regime("sgt", coef=0.1), policy, own, peers, 2)
     assert sorted(plan.nll.mini_batches) == [[0], [1]]
     params = [p for p in policy.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
@@ -263,7 +264,7 @@ def test_nll_part_of_each_update_is_lambda_times_its_rescued_rows_nll_gradient(n
     own = [make_group("r", q, [0, 0]) for q in range(6)] + [make_group("r", q, [1, 0]) for q in (6, 7)]
     peers = {"s": [make_group("s", q, [1, 0], kind="bpe", texts=[texts[q], "0"]) for q in range(6)]}
     lam = 0.2
-    plan = get_regime("sgt", coef=lam).plan(policy, own, peers, num_mini_batches)
+    plan = plan_regime(get_regime("sgt", coef=lam), policy, own, peers, num_mini_batches)
     assert flatten(plan.metrics)["rescued"] == 6.0
     spread = plan.nll.mini_batches
     assert [len(rows) for rows in spread] == {1: [6], 2: [3, 3], 4: [2, 2, 1, 1]}[num_mini_batches]

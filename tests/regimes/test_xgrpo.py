@@ -11,6 +11,7 @@ from mutual_rl.algorithms import grpo_advantages
 from mutual_rl.regimes import get_regime
 from mutual_rl.regimes.base import own_batch, split_rows
 from mutual_rl.stats import flatten
+from mutual_rl.step.scoring import plan_regime
 from tests.regimes.helpers_xsp import assert_flows, assert_partition, pooled_std
 from tests.regimes.scenario import FakeReceiver, make_group
 
@@ -31,7 +32,7 @@ def test_three_policies_hand_computed_pool_and_missing_prompts():
               make_group("s", 2, [1], kind="bpe")],
         "t": [make_group("t", 0, [1])],
     }
-    plan = get_regime("xgrpo").plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("xgrpo"), recv, own, peers, 2)
     assert math.isclose(pooled_std([0, 0, 1, 0, 1, 1, 1]), math.sqrt(2 / 7), rel_tol=1e-12)
     s0 = math.sqrt(2 / 7)
     expected = torch.tensor([(-4 / 7) / (s0 + EPS)] * 2 + [0.25 / (0.5 + EPS), -0.75 / (0.5 + EPS)])
@@ -54,12 +55,12 @@ def test_three_policies_hand_computed_pool_and_missing_prompts():
 def test_no_peers_is_plain_grpo():
     recv = FakeReceiver("r")
     own = [make_group("r", 0, [1, 0, 0]), make_group("r", 1, [1, 1, 1]), make_group("r", 2, [0.5, 0.25, 1])]
-    plan = get_regime("xgrpo").plan(recv, own, {}, 3)
+    plan = plan_regime(get_regime("xgrpo"), recv, own, {}, 3)
     r = torch.cat([g.rewards for g in own])
     gid = torch.tensor([0] * 3 + [1] * 3 + [2] * 3)
     torch.testing.assert_close(plan.batch.advantages, grpo_advantages(r, gid), rtol=0, atol=0)
     torch.testing.assert_close(plan.batch.advantages, torch.cat([g.advantages for g in own]), rtol=0, atol=0)
-    base = get_regime("none").plan(recv, own, {}, 3)
+    base = plan_regime(get_regime("none"), recv, own, {}, 3)
     assert torch.equal(plan.batch.input_ids, base.batch.input_ids) and plan.mini_batches == base.mini_batches
     metrics = flatten(plan.metrics)
     assert plan.flows == {} and metrics["xgrpo/pooled_frac"] == 0.0
@@ -71,7 +72,7 @@ def test_all_fail_receiver_gets_signal_from_all_pass_peer():
     recv = FakeReceiver("r")
     own = [make_group("r", 0, [0, 0])]
     peers = {"s": [make_group("s", 0, [1, 1, 1, 1], kind="bpe")]}
-    plan = get_regime("xgrpo").plan(recv, own, peers, 1)
+    plan = plan_regime(get_regime("xgrpo"), recv, own, peers, 1)
     std = math.sqrt(4 / 15)
     torch.testing.assert_close(plan.batch.advantages, torch.full((2,), (-2 / 3) / (std + EPS)), rtol=0, atol=1e-6)
     assert torch.all(own[0].advantages == 0)  # plain GRPO gave no signal
@@ -83,7 +84,7 @@ def test_zero_variance_pool_and_size_one_pool_give_zero():
     own = [make_group("r", 0, [1, 1]), make_group("r", 1, [1]), make_group("r", 2, [0])]
     # p0: pool [1,1,1,1,1] zero variance; p1: R alone, size 1 (peer missing); p2: pool [0, 1] (size 2)
     peers = {"s": [make_group("s", 0, [1, 1, 1], kind="bpe"), make_group("s", 2, [1], kind="bpe")]}
-    plan = get_regime("xgrpo").plan(recv, own, peers, 2)
+    plan = plan_regime(get_regime("xgrpo"), recv, own, peers, 2)
     # p2: mean 0.5, std sqrt(0.5) -> Â(0) = -0.5/(0.7071068+1e-6) = -0.7071058
     expected = torch.tensor([0.0, 0.0, 0.0, -0.5 / (math.sqrt(0.5) + EPS)])
     torch.testing.assert_close(plan.batch.advantages, expected, rtol=0, atol=1e-7)
@@ -95,7 +96,7 @@ def test_zero_variance_pool_and_size_one_pool_give_zero():
 def test_eps_is_configurable_and_args_validated():
     recv = FakeReceiver("r")
     own = [make_group("r", 0, [1, 0])]
-    plan = get_regime("xgrpo", eps=0.5).plan(recv, own, {}, 1)
+    plan = plan_regime(get_regime("xgrpo", eps=0.5), recv, own, {}, 1)
     s = math.sqrt(0.5)
     torch.testing.assert_close(plan.batch.advantages, torch.tensor([0.5, -0.5]) / (s + 0.5), rtol=0, atol=1e-7)
     assert get_regime("xgrpo").subscribes == ("reward",)

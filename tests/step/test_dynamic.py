@@ -76,7 +76,7 @@ def test_lockstep_full_rank_takes_part_while_another_still_samples(monkeypatch):
         seen.append(list(values))
         return next(agreed)
 
-    monkeypatch.setattr(dyn, "max_over_ranks", fake_max)
+    monkeypatch.setattr(dyn, "agree_max", fake_max)
     fake = _Fake(mixed=set(range(40)))  # this rank is full at once
     s = _run(fake, PromptBatch(0, POOL[:4], offset=0), lockstep=True)
     assert seen == [[0, 0]] * 3
@@ -85,11 +85,11 @@ def test_lockstep_full_rank_takes_part_while_another_still_samples(monkeypatch):
 
 
 def test_lockstep_error_on_any_rank_ends_the_rounds_everywhere(monkeypatch):
-    monkeypatch.setattr(dyn, "max_over_ranks", lambda values: [1, 1])  # another rank failed
+    monkeypatch.setattr(dyn, "agree_max", lambda values: [1, 1])  # another rank failed
     fake = _Fake()
     s = _run(fake, PromptBatch(0, POOL[:4], offset=0), lockstep=True)
     assert len(fake.calls) == 1 and s.dynamic_sampling.limit_hit == 1  # returns; the module stops together
-    monkeypatch.setattr(dyn, "max_over_ranks", lambda values: list(values))  # one rank alone
+    monkeypatch.setattr(dyn, "agree_max", lambda values: list(values))  # one rank alone
     fake = _Fake(fail_on_call=2)  # this rank fails in its first extra round: the next agreement ends it
     with pytest.raises(RewardError):
         _run(fake, PromptBatch(0, POOL[:4], offset=0), lockstep=True)

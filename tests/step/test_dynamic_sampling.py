@@ -57,9 +57,9 @@ def _module(max_rounds: int, **kw) -> MutualRLModule:
     regime = m.regimes["gpt2"]
     plan = regime.plan
 
-    def recording(receiver, own, peers, k):
+    def recording(receiver, own, peers, k, scores=None):
         m.planned.append(list(own))
-        return plan(receiver, own, peers, k)
+        return plan(receiver, own, peers, k, scores)
 
     regime.plan = recording
     return m

@@ -7,6 +7,8 @@ shared-prompt forward differs from the plain one by float rounding up to 1e-5: t
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -89,7 +91,7 @@ def test_packed_old_logp_equal_the_full_forward(setup):
 def _grads(policy, batch, budget, monkeypatch, unbatched=False):
     """Gradients of each mini-batch's optimizer step (captured, not taken), and the update's stats."""
     if unbatched:  # the path before packing: one full-width forward per mini-batch
-        monkeypatch.setattr(loop, "narrow", lambda b: b)
+        monkeypatch.setattr(loop, "narrow", lambda b, size=None: b)
     params = [p for p in policy.parameters() if p.requires_grad]
     captured = []
     nll = NLLTerm(batch.select([4, 9, 13]), [[0, 2], [1]], coef=0.5)
@@ -113,3 +115,51 @@ def test_packed_update_gives_the_unbatched_gradients(setup, monkeypatch):
                 torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6, msg=f"budget {budget}")
         assert stats.loss == pytest.approx(want_stats.loss, abs=1e-6)
         assert stats.nll == pytest.approx(want_stats.nll, abs=1e-6)
+
+
+_READS = ("item", "tolist", "__float__", "__bool__", "__int__", "__index__")
+
+
+def _host_reads(policy, batch, budget, monkeypatch, updates: int = 2) -> tuple[int, int]:
+    """Device-to-host reads made by the update's own code (update/, algorithms/, stats) during one step of
+    ``updates`` mini-batches, and the forwards it ran."""
+    counts = {"reads": 0, "forwards": 0}
+
+    def counting(original):
+        def read(self, *args, **kwargs):
+            if sys._getframe(1).f_globals.get("__name__", "").startswith(
+                    ("mutual_rl.update", "mutual_rl.algorithms", "mutual_rl.stats")):
+                counts["reads"] += 1
+            return original(self, *args, **kwargs)
+        return read
+
+    for name in _READS:
+        monkeypatch.setattr(torch.Tensor, name, counting(getattr(torch.Tensor, name)))
+    forward = policy.response_logp
+
+    def counted(*args, **kwargs):
+        counts["forwards"] += 1
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "response_logp", counted)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    nll = NLLTerm(batch.select([4, 9, 13]), [[0, 2], [1]] if updates == 2 else [[0], [1], [2], []], coef=0.5)
+    plan = TrainingPlan(batch.select(list(range(len(batch)))), split_rows(len(batch), updates), nll=nll)
+    cfg = GRPOConfig(max_tokens_per_micro_batch=budget, kl_coef=0.1, old_logp="recompute")
+    loop.update_policy(policy, plan, cfg, backward=lambda loss: loss.backward(), step_optimizer=lambda: None,
+                       zero_grad=lambda: [setattr(p, "grad", None) for p in params])
+    monkeypatch.undo()
+    return counts["reads"], counts["forwards"]
+
+
+def test_one_host_read_per_update_however_many_micro_batches(setup, monkeypatch):
+    """The update reads its device values (losses, token counts, statistics, the gradient norm) once per optimizer
+    update, not once per micro-batch: one forward per row costs the same number of reads as one forward per
+    mini-batch."""
+    policy, batch = setup
+    many_reads, many_forwards = _host_reads(policy, batch, 1, monkeypatch)
+    few_reads, few_forwards = _host_reads(policy, batch, 10**9, monkeypatch)
+    assert many_forwards > few_forwards + 2 * len(batch) - 8  # one row per forward (KL reference, recompute too)
+    assert many_reads == few_reads
+    more_updates, _ = _host_reads(policy, batch, 1, monkeypatch, updates=4)
+    assert more_updates == many_reads + 2  # one read per optimizer update (the rest: the step's set-up)

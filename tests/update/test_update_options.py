@@ -17,6 +17,7 @@ from mutual_rl.rewards import register_reward
 from mutual_rl.rewards.base import available_rewards
 from mutual_rl.rollout.hf import HFRolloutEngine
 from mutual_rl.stats import flatten
+from mutual_rl.step.scoring import plan_regime
 from mutual_rl.types import TrainingPlan, collate
 from mutual_rl.update.config import GRPOConfig
 from mutual_rl.update.loop import NonFiniteUpdateError, update_policy
@@ -60,7 +61,7 @@ def _hacpo_plan(m_before: int, schedule: str):
     own = [make_group("r", q, [1, 0, 0, 0]) for q in range(4)]
     peers = {"s": [make_group("s", q, [1, 1, 0, 0], kind="bpe", logps=[[-0.4] * 3] * 4,
                               texts=["46", "46", "47", "47"]) for q in range(4)]}
-    return reg.plan(recv, own, peers, 4)
+    return plan_regime(reg, recv, own, peers, 4)
 
 
 @pytest.mark.parametrize("schedule,live", [("update", True), ("step", False)])
@@ -103,9 +104,9 @@ def test_graft_optimizer_steps_do_not_depend_on_grafting(policy, peer_last):
     peers = {"s": [make_group("s", 0, [1, 0, 0, 0], kind="bpe"), make_group("s", 1, [0, 0, 0, 0], kind="bpe"),
                    make_group("s", 2, [1, 1, 1, 1], kind="bpe"), make_group("s", 3, [1, 1, 1, 1], kind="bpe")]}
     cfg = GRPOConfig(num_mini_batches=2, old_logp="rollout")
-    grafting = get_regime("graft", delta=0.0, peer_last=peer_last).plan(policy, own, peers, 2)
+    grafting = plan_regime(get_regime("graft", delta=0.0, peer_last=peer_last), policy, own, peers, 2)
     assert flatten(grafting.metrics)["transferred_responses"] == 4.0  # one whole group (prompt 0) grafted
-    nothing = get_regime("graft", delta=1e9, peer_last=peer_last).plan(policy, own, peers, 2)  # s <= δ: none
+    nothing = plan_regime(get_regime("graft", delta=1e9, peer_last=peer_last), policy, own, peers, 2)  # s <= δ: none
     assert flatten(nothing.metrics)["transferred_responses"] == 0.0
     _, n_graft = _run(policy, grafting, cfg)
     _, n_plain = _run(policy, nothing, cfg)

@@ -70,6 +70,7 @@ def hacpo_sequence_loss(
     num_seqs: float | int | torch.Tensor | None = None, alpha: float = 1.0, self_clip_low: float = 3e-4,
     self_clip_high: float = 4e-4, log_ratio_clamp: float = 10.0, ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0, kl_kind: str = "k3", kl_peer_rows: bool = False,
+    present: dict[str, bool] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """HACPO loss of a micro-batch and its metrics.
 
@@ -78,6 +79,8 @@ def hacpo_sequence_loss(
     is ``R``'s old mean (own rows) or ``src_mean_logp`` (peer rows). ``loss = −Σ_j term_j / num_seqs`` with the
     *mini-batch's* ``num_seqs`` (micro-batch invariant; default: this call's sequences with tokens), plus
     ``kl_coef · Σ_j tokenmean_t(kl_t) / num_seqs`` over own rows (every row with ``kl_peer_rows``).
+    ``present``: whether own (``self``) and peer rows with tokens are in the micro-batch, known on the host (the
+    ``self/…`` and ``peer/…`` metrics exist only then); ``None``: read from ``is_peer`` and ``mask``.
     """
     m = mask.to(logp.dtype)
     n_tok = m.sum(-1)
@@ -113,7 +116,7 @@ def hacpo_sequence_loss(
         metrics["L_m"] = torch.tensor(lower)
         metrics["seq_ratio_mean"] = tw(sd, every)
         for tag, rows in (("self", ~is_peer), ("peer", is_peer)):
-            if not bool((rows & has).any()):
+            if not (present[tag] if present is not None else bool((rows & has).any())):
                 continue
             metrics[f"{tag}/num_tokens"] = (n_tok * rows).sum()
             metrics[f"{tag}/seq_ratio_mean"] = tw(sd, rows)

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 import torch
 from transformers import GenerationConfig
 
+from mutual_rl.distributed import in_lockstep, padded
 from mutual_rl.rollout.decode_attention import decode_attention
 from mutual_rl.rollout.hf import only_config
 from mutual_rl.strategies import generation_params
 from mutual_rl.types import Problem
-from mutual_rl.update.lockstep import in_lockstep, padded
 from mutual_rl.warnings_filters import finished_row_pad_alarm_silenced
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mutual_rl.distributed import collective_device, gather_objects
 from mutual_rl.evaluation.answers import answer_extractor
 from mutual_rl.evaluation.complementarity import complementarity_table
 from mutual_rl.evaluation.greedy import greedy_generate
@@ -48,7 +49,6 @@ from mutual_rl.model.spec import SamplingSpec
 from mutual_rl.names import PASS1, VAL_MEAN, policy, val, val_metric, val_metrics
 from mutual_rl.rewards.combined import as_reward
 from mutual_rl.rewards.integer import boxed_format
-from mutual_rl.update.lockstep import gather_from_ranks, reduction_device
 
 
 @dataclass
@@ -235,13 +235,13 @@ class Evaluator:
 
 def _default_device() -> torch.device:
     """Where a policy with no results on this rank reduces its metrics: the device collectives need."""
-    return reduction_device()
+    return collective_device()
 
 
 def _union(local: dict[str, list[str]]) -> dict[str, list[str]]:
     """Union over ranks of ``{policy: skills}`` (identity without a process group)."""
     merged: dict[str, set[str]] = defaultdict(set)
-    for part in gather_from_ranks(local):
+    for part in gather_objects(local):
         for name, skills in part.items():
             merged[name].update(skills)
     return {name: sorted(s) for name, s in merged.items()}

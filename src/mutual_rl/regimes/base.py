@@ -1,8 +1,10 @@
 """Sharing regimes: one interface, one registry.
 
 A receiver's regime is a pure transform from (its own scored groups, the peers' scored groups for the same
-prompts) to that policy's training plan: the rows to train on and the order of its mini-batches. Regimes are not
-callbacks (docs/design.md, "Decisions"); anything that crosses tokenizers goes through the THL.
+prompts, the answers to what it requested) to that policy's training plan: the rows to train on and the order of
+its mini-batches. What needs a model or the other processes -- the receiver's log-probs of crossed peer text,
+counts summed over ranks -- a regime asks for in ``request`` and the step computes (``mutual_rl.step.scoring``).
+Regimes are not callbacks (docs/design.md, "Decisions"); anything that crosses tokenizers goes through the THL.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 
 from mutual_rl.interfaces import Regime
 from mutual_rl.names import DropReason
-from mutual_rl.types import PolicyBatch, ScoredGroup, TrainingPlan, collate
+from mutual_rl.types import PolicyBatch, ScoredGroup, Scores, TrainingPlan, collate
 
 _REGIMES: dict[str, Callable[..., Regime]] = {}
 
@@ -27,6 +29,16 @@ def register_regime(name: str):
         return cls
 
     return deco
+
+
+def require_scores(regime: Regime, scores: Scores | None) -> Scores:
+    """``scores``, or the error that says how to plan a regime that asks for something before it plans."""
+    if scores is None:
+        name = type(regime).__name__
+        raise TypeError(f"{name}.plan needs the answers to its request (the receiver's log-probs of crossed peer "
+                        f"responses, or counts over every process): plan it with mutual_rl.step.scoring.plan_regime("
+                        f"regime, receiver, own, peers, num_mini_batches), as the training step does.")
+    return scores
 
 
 def split_rows(num_rows: int, num_mini_batches: int) -> list[list[int]]:
@@ -128,7 +140,7 @@ class NoSharing(Regime):
 
     stats_type = None
 
-    def plan(self, receiver, own, peers, num_mini_batches):
+    def plan(self, receiver, own, peers, num_mini_batches, scores=None):
         batch = own_batch(receiver, own)
         return TrainingPlan(batch, split_rows(len(batch), num_mini_batches),
                             flows=drop_all(peers, DropReason.NOT_SUBSCRIBED))

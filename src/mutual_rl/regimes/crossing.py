@@ -14,8 +14,7 @@ import torch
 from mutual_rl.names import THL_STATS, thl
 from mutual_rl.thl import align_traces, alignment_groups, residual_report
 from mutual_rl.thl.offsets import encode_batch_with_offsets
-from mutual_rl.types import CrossedRollout, Rollout, collate
-from mutual_rl.update.lockstep import padded
+from mutual_rl.types import CrossedRollout, Rollout
 
 
 def cross_rollouts(
@@ -61,42 +60,16 @@ def receiver_prompt_ids(own_groups) -> dict[int, torch.Tensor]:
     return {g.prompt_id: g.rollouts[0].prompt_ids for g in own_groups if g.rollouts}
 
 
-@torch.no_grad()
-def receiver_logp(receiver, crossed: Sequence[CrossedRollout], batch_size: int = 16) -> list[torch.Tensor]:
-    """Per crossed row: the receiver's log-probs ``[T]`` of its response tokens, on the CPU as the records (current
-    weights, the receiver's sampling temperature), in forwards of ``batch_size`` rows (0 = all at once).
-
-    Under FSDP with several ranks every rank runs as many forwards as the busiest one (dummies), so every rank
-    must call this, with or without rows."""
-    temperature = receiver.spec.sampling.temperature
-    size = batch_size or max(len(crossed), 1)
-    chunks = padded(receiver, list(range(0, len(crossed), size)))
-    for _ in range(sum(c is None for c in chunks)):  # lockstep dummies (another rank has more forwards)
-        receiver.dummy_logp(temperature)
-    starts = [c for c in chunks if c is not None]
-    if not crossed:
-        return []
-    batch = collate(list(crossed), torch.zeros(len(crossed)), receiver.tokenizer.pad_token_id)
-    out: list[torch.Tensor] = []
-    for start in starts:
-        sub = batch.select(list(range(start, min(start + size, len(crossed)))))
-        logp, _ = receiver.response_logp(sub.input_ids, sub.attention_mask, batch.response_width, temperature)
-        logp = logp.detach().float().cpu()  # records live on the CPU
-        for row, c in enumerate(crossed[start:start + size]):
-            out.append(logp[row, : len(c.response_ids)].clone())
-    return out
-
-
-def thl_residual(receiver, crossed: Sequence[CrossedRollout], granularity: str = "word",
-                 batch_size: int = 16) -> dict[str, float]:
+def thl_residual(crossed: Sequence[CrossedRollout], own: Sequence[torch.Tensor],
+                 granularity: str = "word") -> dict[str, float]:
     """How well the THL-aligned peer traces match the receiver's own log-probs, per direction ``<source>-><R>``.
 
     For every crossed response: the source's sampled trace aligned onto the receiver's tokens (``granularity``)
-    against the receiver's log-probs of those tokens (:func:`receiver_logp`, under the current weights), through
+    against ``own``, the receiver's log-probs of those tokens under its current weights (one ``[T]`` per crossed
+    row, computed by the step: ``mutual_rl.step.scoring.receiver_logp``), through
     :func:`mutual_rl.thl.residual_report`. Metrics ``thl/<source>-><R>/residual_mean``, ``residual_p90``,
     ``residual_max`` (nats per token) and ``group_count_mismatch`` (share of alignment groups whose token counts
-    differ). Runs one no-grad receiver forward over the rows (every rank must call it under FSDP)."""
-    own = receiver_logp(receiver, crossed, batch_size)
+    differ)."""
     if not crossed:
         return {}
     texts = [c.source.response_text for c in crossed]
@@ -109,5 +82,5 @@ def thl_residual(receiver, crossed: Sequence[CrossedRollout], granularity: str =
                   for i in idx]
         rep = residual_report([aligned[i] for i in idx], [own[i] for i in idx], groups)
         for k in THL_STATS:
-            out[thl(src, receiver.name, k)] = rep[k]
+            out[thl(src, crossed[idx[0]].receiver_id, k)] = rep[k]
     return out

@@ -25,8 +25,9 @@ As implemented, for receiver ``R`` and each of its groups ``g`` (prompt ``q``):
    source trace aligned onto ``R``'s tokens by the THL (``granularity``, mass-preserving; ``span`` by default
    *(ours)*, so identical tokenizations give the trace back unchanged), as PRP ``peer_aligned``.
 4. **Receiver log-probs** ``ℓ^R_old``: ``R``'s log-probs of the crossed tokens under its current weights (no-grad,
-   its sampling temperature, ``logp_batch_size`` rows per forward), before any update: they are the peer rows'
-   ``old_logp`` (never recomputed).
+   its sampling temperature), before any update: they are the peer rows' ``old_logp`` (never recomputed). The regime
+   asks for them (``request``) and the step computes them (``mutual_rl.step.scoring``: forwards packed to
+   ``algorithm.max_tokens_per_micro_batch``).
 5. **Filter.** Per peer response ``KL = mean_t k(ℓ^gen_t, ℓ^R_old_t)``, an estimate of ``KL(π_gen ‖ π_R,old)``
    per token on the generator's samples (``filter_kl``; default ``k1 = ℓ^gen − ℓ^R_old``, so ``KL`` is the
    per-token log-likelihood ratio of the response) *(ours: estimator, per-token mean)*; a response with
@@ -58,7 +59,7 @@ with ``π_R,old / π_gen > is_cap``), ``peer/approx_kl`` and ``approx_kl`` (all 
 The plan's own metrics are one :class:`FTISStats` (``TrainingPlan.metrics``).
 
 Constructor arguments (``init_args`` of ``model.regime``): ``is_cap`` (2.0), ``kl_threshold`` (1.0), ``filter_kl``
-(``k1``), ``advantage`` (``pooled``), ``granularity`` (``span``), ``eps`` (1e-6), ``logp_batch_size`` (16). The
+(``k1``), ``advantage`` (``pooled``), ``granularity`` (``span``), ``eps`` (1e-6). The
 defaults are ours (the paper's values were not available).
 """
 
@@ -73,12 +74,19 @@ import torch
 from mutual_rl.algorithms import KL_ESTIMATORS
 from mutual_rl.algorithms.ftis import kl_filter_keep, sequence_kl
 from mutual_rl.names import DropReason
-from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
-from mutual_rl.regimes.crossing import cross_rollouts, receiver_logp, receiver_prompt_ids
+from mutual_rl.regimes.base import (
+    Regime,
+    group_key,
+    pair_peer_groups,
+    register_regime,
+    require_scores,
+    split_rows,
+)
+from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
 from mutual_rl.regimes.xgrpo import pooled_advantages
 from mutual_rl.stats import prefixed
 from mutual_rl.thl import GRANULARITIES
-from mutual_rl.types import CrossedRollout, TrainingPlan, collate
+from mutual_rl.types import CrossedRollout, Scores, ScoringRequest, TrainingPlan, collate
 from mutual_rl.update.objectives import FTISObjective
 
 ADVANTAGES = ("pooled", "source")
@@ -133,7 +141,6 @@ class FTIS(Regime):
             (every row keeps the advantage it arrived with).
         granularity: THL alignment of a cross-vocabulary peer trace: span (default) or word.
         eps: ε added to the pooled std (default 1e-6).
-        logp_batch_size: rows per no-grad forward computing the receiver's log-probs of peer samples (0 = all).
     """
 
     subscribes = ("rollout", "reward")
@@ -141,7 +148,7 @@ class FTIS(Regime):
 
     def __init__(self, is_cap: float = 2.0, kl_threshold: float | None = 1.0,
                  filter_kl: Literal["k1", "k2", "k3"] = "k1", advantage: Literal["pooled", "source"] = "pooled",
-                 granularity: Literal["span", "word"] = "span", eps: float = 1e-6, logp_batch_size: int = 16):
+                 granularity: Literal["span", "word"] = "span", eps: float = 1e-6):
         if not is_cap > 0:
             raise ValueError(f"ftis: is_cap must be > 0, got {is_cap}")
         if kl_threshold is not None and not kl_threshold >= 0:
@@ -154,15 +161,12 @@ class FTIS(Regime):
             raise ValueError(f"ftis: granularity={granularity!r} is not one of: {', '.join(GRANULARITIES)}.")
         if eps < 0:
             raise ValueError(f"ftis: eps must be >= 0, got {eps}")
-        if logp_batch_size < 0:
-            raise ValueError(f"ftis: logp_batch_size must be >= 0 (0 = all rows at once), got {logp_batch_size}")
         self.is_cap = float(is_cap)
         self.kl_threshold = None if kl_threshold is None else float(kl_threshold)
         self.filter_kl = filter_kl
         self.advantage = advantage
         self.granularity = granularity
         self.eps = float(eps)
-        self.logp_batch_size = int(logp_batch_size)
         # the record kinds read from peers: source advantages only when they are used
         self.subscribes = ("rollout", "reward", "advantage") if advantage == "source" else ("rollout", "reward")
 
@@ -184,14 +188,18 @@ class FTIS(Regime):
         kl = sequence_kl(g_mat, r_mat, mask, self.filter_kl)
         return kl_filter_keep(advantages, kl, self.kl_threshold), kl, gen
 
-    def plan(self, receiver, own, peers, num_mini_batches):
+    def request(self, receiver, own, peers) -> ScoringRequest:
+        """The receiver's log-probs of every paired peer response, crossed with its trace aligned (step 1)."""
         own = [g for g in own if g.rollouts]
         pairing = pair_peer_groups(own, peers)
-        prompt_ids = receiver_prompt_ids(own)
         paired = [(g, pairing.by_own[group_key(g)]) for g in own]  # (own group, [(source, peer group)])
         all_crossed = cross_rollouts(receiver, [r for _, pgs in paired for _, pg in pgs for r in pg.rollouts],
-                                     prompt_ids, granularity=self.granularity)
-        r_logp = receiver_logp(receiver, all_crossed, self.logp_batch_size)  # every rank calls it (lockstep)
+                                     receiver_prompt_ids(own), granularity=self.granularity)
+        return ScoringRequest(rows=tuple(all_crossed), state=(pairing, paired, all_crossed))
+
+    def plan(self, receiver, own, peers, num_mini_batches, scores: Scores | None = None):
+        pairing, paired, all_crossed = require_scores(self, scores).state
+        r_logp = list(scores.logp)
         advs = [self._advantages(g, [pg for _, pg in pgs]) for g, pgs in paired]
         peer_adv = torch.cat([a[len(g.rollouts):] for (g, _), a in zip(paired, advs)]) if advs else torch.zeros(0)
         keep, kl, gen = self._filter(all_crossed, r_logp, peer_adv)

@@ -21,7 +21,8 @@ As implemented, for a receiver ``R`` and each source ``S`` (success = ``reward >
    ``s = exp(ℓ̄(π_R,old, o^R) − ℓ̄(π_S, o^S))`` with ``ℓ̄`` the mean token log-prob, each side in its own
    tokenization: ``ℓ̄(π_S, o^S)`` = mean of the source's sampled trace (``Rollout.logp``, EOS included);
    ``ℓ̄(π_R,old, o^R)`` = mean over the crossed response tokens (receiver EOS included) of
-   ``receiver.response_logp`` at the receiver's sampling temperature, under ``no_grad`` before any update.
+   the receiver's log-probs at its sampling temperature, under ``no_grad`` before any update (requested; the step
+   computes them).
    Weight ``w = 1[s > δ] · min(s, 1)``; responses with ``s ≤ δ`` are dropped. Those receiver log-probs are
    the grafted rows' ``old_logp`` (``needs_old_logp`` False): the token ratio's denominator is ``π_R,old``.
    *(ours)* If every response of a selected group falls below the floor, nothing is grafted for that prompt
@@ -86,12 +87,14 @@ Metrics: the selection's (``candidates/…``, ``candidates_reverse/…``, ``sele
 ``compat_s`` (nothing is scored). With ``hacpo`` the regime's state is HACPO's (capability windows, step count).
 
 Constructor arguments (``init_args`` of ``model.regime`` in a config): ``delta`` (δ, 0.8), ``balance`` (True;
-False in stored-peer mode), ``policy_order`` (None), ``logp_batch_size`` (rows per receiver forward pass of the
-compatibility evaluation, 16; 0 = all at once), ``peer_last`` (``in_batch`` | ``none``),
+False in stored-peer mode), ``policy_order`` (None), ``peer_last`` (``in_batch`` | ``none``),
 ``compatibility`` (``weighted`` | ``off``), ``transfer`` (``group`` | ``successes``), ``update_rule`` (``graft`` |
 ``hacpo`` | ``sgt``), ``rule_args`` (None); the ablation configs are ``configs/graft_no_peer_last.yaml``,
 ``graft_no_compat.yaml`` and ``graft_successes.yaml``, the cross rules ``configs/graft_hacpo_rule.yaml`` and
 ``graft_sgt_rule.yaml``.
+
+The compatibility log-probs are asked for in ``request`` and computed by the step (``mutual_rl.step.scoring``: no-grad
+forwards packed to ``algorithm.max_tokens_per_micro_batch``); the regime itself runs no model.
 """
 
 from __future__ import annotations
@@ -104,8 +107,16 @@ from typing import Literal
 import torch
 
 from mutual_rl.names import DropReason
-from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
-from mutual_rl.regimes.crossing import cross_rollouts, receiver_logp, receiver_prompt_ids
+from mutual_rl.regimes.base import (
+    PeerPairing,
+    Regime,
+    group_key,
+    pair_peer_groups,
+    register_regime,
+    require_scores,
+    split_rows,
+)
+from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
 from mutual_rl.regimes.graft_gate import compatibility_score, compatibility_weight, gate_grid
 from mutual_rl.regimes.graft_select import (
     GraftStats,
@@ -114,17 +125,17 @@ from mutual_rl.regimes.graft_select import (
     candidate_prompts,
     select,
     selection_stats,
-    successes,
 )
 from mutual_rl.regimes.graft_select import flows as graft_flows
 from mutual_rl.regimes.hacpo import HACPO
 from mutual_rl.regimes.sgt import SGT, SGTStats
-from mutual_rl.types import ScoredGroup, TrainingPlan, collate
+from mutual_rl.types import ScoredGroup, Scores, ScoringRequest, TrainingPlan, collate
 
 PEER_LAST = ("in_batch", "none")
 COMPATIBILITY = ("weighted", "off")
 TRANSFER = ("group", "successes")
-UPDATE_RULES = ("graft", "hacpo", "sgt")
+RULES = {"hacpo": HACPO, "sgt": SGT}
+UPDATE_RULES = ("graft", *RULES)
 
 __all__ = ["GRAFT", "GraftStats", "balanced_candidates", "candidate_prompts", "compatibility_score",
            "compatibility_weight"]
@@ -154,6 +165,26 @@ class _Grafted:
 
 
 @dataclass(frozen=True)
+class _Selected:
+    """Steps 1-3 of one plan: the receiver's groups by key, the pairing, the source order, each source's paired
+    groups by receiver key, and the selection."""
+
+    own_by: dict
+    pairing: PeerPairing
+    order: list[str]
+    peer_by: dict[str, dict]
+    selection: Selection
+
+
+@dataclass(frozen=True)
+class _Crossing:
+    """Step 4's input: per selected receiver group ``(key, source, response indices)`` and its crossed responses."""
+
+    selected: list[tuple]
+    crossed: list[list]
+
+
+@dataclass(frozen=True)
 class _Graft:
     """Step 4 of one plan: the grafted groups in the receiver's group order, the per-source, per-group drop counts
     (``{src: {key: {reason: n}}}``), the evaluated ``s`` per group, the evaluated / admitted counts split by the
@@ -175,7 +206,6 @@ class GRAFT(Regime):
         delta: compatibility floor δ; responses with s ≤ δ are dropped.
         balance: balance the transfer volume across directions (False in stored-peer mode).
         policy_order: tie-break order of sources for N > 2 (default: order of the delivered peers).
-        logp_batch_size: rows per receiver forward pass when evaluating compatibility (0 = all at once).
         peer_last: in_batch (the paper: grafted groups replace the receiver's inside the batch and the
             mini-batches holding them run last; number and size of mini-batches unchanged) | none (grafted groups
             stay in the receiver's prompt order; ablation).
@@ -192,7 +222,7 @@ class GRAFT(Regime):
     stats_type = GraftStats
 
     def __init__(self, delta: float = 0.8, balance: bool = True, policy_order: list[str] | None = None,
-                 logp_batch_size: int = 16, peer_last: Literal["in_batch", "none"] = "in_batch",
+                 peer_last: Literal["in_batch", "none"] = "in_batch",
                  compatibility: Literal["weighted", "off"] = "weighted",
                  transfer: Literal["group", "successes"] = "group",
                  update_rule: Literal["graft", "hacpo", "sgt"] = "graft", rule_args: dict | None = None):
@@ -203,7 +233,7 @@ class GRAFT(Regime):
             if value not in choices:
                 raise ValueError(f"graft: {name}={value!r} is not one of: {', '.join(choices)}.")
         self.update_rule = update_rule
-        self._rule: HACPO | SGT | None = None
+        self._rule: HACPO | SGT | None = None  # the cross rule's regime (None: GRAFT's own how)
         if update_rule == "graft":
             if rule_args:
                 raise ValueError(f"graft: rule_args={rule_args!r} applies to update_rule hacpo or sgt only; remove "
@@ -216,19 +246,16 @@ class GRAFT(Regime):
                 raise ValueError(f"graft: {', '.join(own_how)} belongs to GRAFT's own update rule and does not apply "
                                  f"with update_rule={update_rule!r}; remove it.")
             try:
-                self._rule = (HACPO if update_rule == "hacpo" else SGT)(**dict(rule_args or {}))
+                self._rule = RULES[update_rule](**dict(rule_args or {}))
             except TypeError as e:
                 raise ValueError(f"graft: rule_args={rule_args!r} are not arguments of the {update_rule} rule: {e}") \
                     from None
         self.peer_last, self.compatibility, self.transfer = peer_last, compatibility, transfer
         if delta < 0:
             raise ValueError(f"graft: delta must be >= 0, got {delta}")
-        if logp_batch_size < 0:
-            raise ValueError(f"graft: logp_batch_size must be >= 0, got {logp_batch_size}")
         self.delta = float(delta)
         self.balance = bool(balance)
         self.policy_order = list(policy_order) if policy_order is not None else None
-        self.logp_batch_size = int(logp_batch_size)
 
     def state_dict(self) -> dict:
         return {"rule": self._rule.state_dict()} if self._rule is not None else {}
@@ -244,8 +271,8 @@ class GRAFT(Regime):
         rank = {n: i for i, n in enumerate(self.policy_order)}
         return sorted(names, key=lambda n: (rank.get(n, len(rank)), names.index(n)))
 
-    def plan(self, receiver, own, peers, num_mini_batches):
-        own = [g for g in own if g.rollouts]
+    def _select(self, own, peers) -> _Selected:
+        """Steps 1-3 (no model): candidates, balancing, one source per receiver group."""
         own_by = {group_key(g): g for g in own}
         pairing = pair_peer_groups(own, peers)
         order = self._source_order(peers)
@@ -253,12 +280,28 @@ class GRAFT(Regime):
         for key, pairs in pairing.by_own.items():
             for src, g in pairs:
                 peer_by[src][key] = g
-        selection = select(own_by, peer_by, order, self.success_threshold, self.balance)
+        return _Selected(own_by, pairing, order, peer_by,
+                         select(own_by, peer_by, order, self.success_threshold, self.balance))
+
+    def request(self, receiver, own, peers) -> ScoringRequest:
+        """GRAFT's own how: the receiver's log-probs of every crossed response of the chosen groups (step 4). A
+        cross rule: what that rule asks for on every delivered group (HACPO's capability counts)."""
+        own = [g for g in own if g.rollouts]
+        sel = self._select(own, peers)
         if self._rule is not None:
-            return self._cross_rule(receiver, own, peers, pairing, peer_by, order, selection,
+            inner = self._rule.request(receiver, own, peers)
+            return dataclasses.replace(inner, state=(sel, inner.state))
+        crossing = self._cross(receiver, own, sel)
+        return ScoringRequest(rows=tuple(c for cs in crossing.crossed for c in cs), state=(sel, crossing))
+
+    def plan(self, receiver, own, peers, num_mini_batches, scores: Scores | None = None):
+        sel, inner = require_scores(self, scores).state
+        own = [g for g in own if g.rollouts]
+        if self._rule is not None:
+            return self._cross_rule(receiver, own, peers, sel, dataclasses.replace(scores, state=inner),
                                     num_mini_batches)
-        graft = self._graft(receiver, own, own_by, peer_by, selection.chosen)
-        flows = graft_flows(peers, pairing, peer_by, selection, graft.dropped)
+        graft = self._graft(sel.peer_by, inner, list(scores.logp))
+        flows = graft_flows(peers, sel.pairing, sel.peer_by, sel.selection, graft.dropped)
         batch, mini_batches = self._assemble(receiver, own, graft.groups, num_mini_batches)
         n_peer = int(batch.is_peer.sum())
         s_all = torch.cat(graft.scores).float() if graft.scores else torch.zeros(0)
@@ -267,8 +310,9 @@ class GRAFT(Regime):
         frac = {kind: split[f"admitted_{kind}"] / n if (n := split[f"evaluated_{kind}"]) else None
                 for kind in ("success", "failure")}
         grid = gate_grid(s_all, torch.tensor(graft.successes, dtype=torch.bool)) if evaluated else None
+        order = sel.order
         metrics = GraftStats(
-            **selection_stats(selection, order),
+            **selection_stats(sel.selection, order),
             rescued_by={src: sum(1 for g in graft.groups if g.source == src) for src in order},
             transferred_responses_by={src: sum(len(g.rows) for g in graft.groups if g.source == src)
                                       for src in order},
@@ -285,30 +329,26 @@ class GRAFT(Regime):
         return TrainingPlan(batch, mini_batches, metrics=metrics, flows=flows, crossed=graft.crossed,
                             histograms={"compat_s": s_all})
 
-    def _cross_rule(self, receiver, own, peers, pairing, peer_by, order, selection: Selection,
-                    num_mini_batches) -> TrainingPlan:
-        """GRAFT §6.3: HACPO's or SGT's update on the selected prompts (module docstring, "Cross rules")."""
+    def _cross_rule(self, receiver, own, peers, sel: _Selected, scores: Scores, num_mini_batches) -> TrainingPlan:
+        """GRAFT §6.3: HACPO's or SGT's update on the selected prompts (module docstring, "Cross rules"). The
+        rule's ``takes`` says how much of a chosen group it uses; its ``scores`` are what it asked for on every
+        delivered group."""
         rule, thr = self._rule, self.success_threshold
         rule.success_threshold = thr
         selected: dict[str, list[ScoredGroup]] = {src: [] for src in peers}
-        dropped: dict[str, dict] = {src: {} for src in peer_by}
+        dropped: dict[str, dict] = {src: {} for src in sel.peer_by}
+        transferred = dict.fromkeys(sel.order, 0)
         for g in own:
             q = group_key(g)
-            if q not in selection.chosen:
+            if q not in sel.selection.chosen:
                 continue
-            src = selection.chosen[q]
-            pg = peer_by[src][q]
+            src = sel.selection.chosen[q]
+            pg = sel.peer_by[src][q]
             # keyed to the receiver group it was paired with, so the rule pairs it with that group again
             selected[src].append(dataclasses.replace(pg, group_id=q[1]))
-            k = successes(pg, thr)
-            dropped[src][q] = {DropReason.NOT_DRAWN: k - 1, DropReason.NOT_SUCCESS: len(pg.rollouts) - k} \
-                if self.update_rule == "sgt" else {}
-        if self.update_rule == "hacpo":
-            sub = rule.plan(receiver, own, selected, num_mini_batches, observed=peers)
-        else:
-            sub = rule.plan(receiver, own, selected, num_mini_batches)
-        transferred = {src: sum(len(g.rollouts) for g in selected.get(src, [])) if self.update_rule == "hacpo"
-                       else len(selected.get(src, [])) for src in order}
+            used, dropped[src][q] = rule.takes(pg)
+            transferred[src] += used
+        sub = rule.plan(receiver, own, selected, num_mini_batches, scores)
         rule_stats = sub.metrics
         if isinstance(rule_stats, SGTStats):
             # SGT's rescued/<source> are GRAFT's names too, and GRAFT's counts win (as they did when the
@@ -316,38 +356,42 @@ class GRAFT(Regime):
             # HACPO's names (capability/, cap_ratio/, L_m_first, m, peer_responses) meet none of GRAFT's.
             rule_stats = dataclasses.replace(rule_stats, rescued_by={})
         metrics = GraftStats(
-            **selection_stats(selection, order),
-            rescued_by={src: len(selected.get(src, [])) for src in order},
+            **selection_stats(sel.selection, sel.order),
+            rescued_by={src: len(selected.get(src, [])) for src in sel.order},
             transferred_responses_by=transferred,
-            transferred_groups=len(selection.chosen), transferred_responses=sum(transferred.values()),
+            transferred_groups=len(sel.selection.chosen), transferred_responses=sum(transferred.values()),
             rule=rule_stats,
         )
-        flows = graft_flows(peers, pairing, peer_by, selection, dropped)
+        flows = graft_flows(peers, sel.pairing, sel.peer_by, sel.selection, dropped)
         return dataclasses.replace(sub, metrics=metrics, flows=flows)
 
-    def _graft(self, receiver, own, own_by, peer_by, chosen) -> _Graft:
-        """Step 4: cross every chosen group (its successes only with ``transfer="successes"``), score each
-        response's compatibility, keep ``w > 0``."""
-        thr = self.success_threshold
+    def _cross(self, receiver, own, sel: _Selected) -> _Crossing:
+        """Step 4's crossing: every chosen group (its successes only with ``transfer="successes"``) in the
+        receiver's tokenization."""
+        thr, chosen = self.success_threshold, sel.selection.chosen
         selected = []  # (key, source, indices of the responses to cross)
-        for q in own_by:
+        for q in sel.own_by:
             if q in chosen:
-                g = peer_by[chosen[q]][q]
+                g = sel.peer_by[chosen[q]][q]
                 ok = (g.rewards > thr).tolist()
                 idx = [i for i in range(len(g.rollouts)) if self.transfer == "group" or ok[i]]
                 selected.append((q, chosen[q], idx))
         prompt_ids = receiver_prompt_ids(own)
-        crossed_groups = [cross_rollouts(receiver, [peer_by[src][q].rollouts[i] for i in idx], prompt_ids)
-                          for q, src, idx in selected]
-        flat = [c for cs in crossed_groups for c in cs]
-        r_logp = receiver_logp(receiver, flat, self.logp_batch_size)
+        return _Crossing(selected, [cross_rollouts(receiver, [sel.peer_by[src][q].rollouts[i] for i in idx],
+                                                   prompt_ids) for q, src, idx in selected])
+
+    def _graft(self, peer_by, crossing: _Crossing, r_logp: list[torch.Tensor]) -> _Graft:
+        """Step 4: each crossed response's compatibility from the receiver's log-probs ``r_logp`` (one per crossed
+        row, in order); keep ``w > 0``."""
+        thr = self.success_threshold
+        flat = [c for cs in crossing.crossed for c in cs]
         all_s: list[torch.Tensor] = []
         all_ok: list[bool] = []
         grafted = []
         dropped: dict[str, dict] = {src: {} for src in peer_by}
         split = dict.fromkeys(("evaluated_success", "evaluated_failure", "admitted_success", "admitted_failure"), 0)
         pos = 0
-        for (q, src, idx), cs in zip(selected, crossed_groups):
+        for (q, src, idx), cs in zip(crossing.selected, crossing.crossed):
             g = peer_by[src][q]
             traces = r_logp[pos : pos + len(cs)]
             pos += len(cs)

@@ -66,18 +66,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
 from mutual_rl.algorithms.hacpo import capability_ratio, hacpo_advantages
-from mutual_rl.regimes.base import Regime, group_key, pair_peer_groups, register_regime, split_rows
+from mutual_rl.regimes.base import (
+    Regime,
+    group_key,
+    pair_peer_groups,
+    register_regime,
+    require_scores,
+    split_rows,
+)
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
 from mutual_rl.stats import prefixed
-from mutual_rl.types import TrainingPlan, collate
-from mutual_rl.update.lockstep import max_over_ranks, sum_over_ranks
+from mutual_rl.types import ScoredGroup, Scores, ScoringRequest, TrainingPlan, collate
 from mutual_rl.update.objectives import HACPOObjective
 
 LOWER_SCHEDULES = ("update", "step")
@@ -174,15 +180,21 @@ class HACPO(Regime):
         self.windows = {k: [(int(s), float(r)) for s, r in v] for k, v in state.get("windows", {}).items()}
         self.updates = {k: int(v) for k, v in state.get("updates", {}).items()}
 
-    def observe(self, policy: str, groups: Sequence) -> None:
-        """Add ``policy``'s positive-reward rate of this step (its groups) to its window.
+    def request(self, receiver, own, peers) -> ScoringRequest:
+        """Each observed policy's positive-reward count and response count this step (the receiver first, then every
+        delivered source), summed over every process, and the step of its first rollout (maximum over processes; -1
+        for none): so the capability windows are over all ranks' groups and identical on every rank."""
+        sums: list[float] = []
+        maxes: list[int] = []
+        for groups in (own, *peers.values()):
+            rewards = torch.cat([g.rewards for g in groups]) if groups else torch.zeros(0)
+            sums += [float((rewards > self.success_threshold).sum()), float(rewards.numel())]
+            maxes.append(int(groups[0].rollouts[0].step) if groups and groups[0].rollouts else -1)
+        return ScoringRequest(sums=tuple(sums), maxes=tuple(maxes), state=(receiver.name, *peers))
 
-        With several processes the rate is over all ranks' groups (every rank calls this for the same policies
-        in the same order, so the sum is a collective they all join), and the windows stay identical on every
-        rank."""
-        rewards = torch.cat([g.rewards for g in groups]) if groups else torch.zeros(0)
-        positive, total = sum_over_ranks([float((rewards > self.success_threshold).sum()), float(rewards.numel())])
-        step = max_over_ranks([int(groups[0].rollouts[0].step) if groups and groups[0].rollouts else -1])[0]
+    def observe(self, policy: str, positive: float, total: float, step: int) -> None:
+        """Add ``policy``'s positive-reward rate of ``step`` (``positive / total``, over every process) to its
+        window; a policy with no response this step keeps its window."""
         if total == 0:
             return
         rate = positive / total
@@ -193,6 +205,10 @@ class HACPO(Regime):
             win.append((step, rate))
         del win[: max(0, len(win) - self.window)]
 
+    def takes(self, group: ScoredGroup) -> tuple[int, dict[str, int]]:
+        """As GRAFT's cross rule (§6.3), what HACPO uses of a chosen peer group: all of it (pooled whole)."""
+        return len(group.rollouts), {}
+
     def capability(self, policy: str) -> float:
         """``P_k``: mean of the window (floored); the floor if nothing was observed."""
         win = self.windows.get(policy, [])
@@ -200,13 +216,13 @@ class HACPO(Regime):
         return max(mean, self.floor)
 
     # ----------------------------------------------------------------------------------------------- plan
-    def plan(self, receiver, own, peers, num_mini_batches, *, observed=None):
-        """``observed``: the peer groups the capability windows see (default: ``peers``); GRAFT's "HACPO rule"
-        pools only the prompts GRAFT selects but measures capability on every delivered group."""
+    def plan(self, receiver, own, peers, num_mini_batches, scores: Scores | None = None):
+        """``scores`` answers :meth:`request`, which may have seen more peer groups than ``peers`` pools: GRAFT's
+        "HACPO rule" pools only the prompts GRAFT selects but measures capability on every delivered group."""
         name = receiver.name
-        self.observe(name, own)
-        for src, gs in (peers if observed is None else observed).items():
-            self.observe(src, gs)
+        scores = require_scores(self, scores)
+        for i, policy in enumerate(scores.state):
+            self.observe(policy, scores.sums[2 * i], scores.sums[2 * i + 1], scores.maxes[i])
         p_r = self.capability(name)
         ratio = {src: capability_ratio(p_r, self.capability(src), self.floor, self.ratio_min, self.ratio_max)
                  for src in peers}

@@ -137,7 +137,7 @@ class PRP(Regime):
         self.granularity = granularity
         self.eps = float(eps)
 
-    def plan(self, receiver, own, peers, num_mini_batches):
+    def plan(self, receiver, own, peers, num_mini_batches, scores=None):
         own = [g for g in own if g.rollouts]
         pairing = pair_peer_groups(own, peers)
         aligned = self.denominator == "peer_aligned"

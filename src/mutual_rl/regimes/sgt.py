@@ -56,7 +56,7 @@ from mutual_rl.names import DropReason
 from mutual_rl.regimes.base import Regime, group_key, own_batch, pair_peer_groups, register_regime, split_rows
 from mutual_rl.regimes.crossing import cross_rollouts, receiver_prompt_ids
 from mutual_rl.stats import prefixed
-from mutual_rl.types import NLLTerm, TrainingPlan, collate
+from mutual_rl.types import NLLTerm, ScoredGroup, TrainingPlan, collate
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,13 @@ class SGT(Regime):
         self.coef = float(coef)
         self.seed = int(seed)
 
-    def plan(self, receiver, own, peers, num_mini_batches):
+    def takes(self, group: ScoredGroup) -> tuple[int, dict[str, int]]:
+        """As GRAFT's cross rule (§6.3), what SGT uses of a chosen peer group with ``k >= 1`` successes: one drawn
+        success (consumed); the other successes are ``not_drawn``, the failures ``not_success``."""
+        k = int((group.rewards > self.success_threshold).sum())
+        return 1, {DropReason.NOT_DRAWN: k - 1, DropReason.NOT_SUCCESS: len(group.rollouts) - k}
+
+    def plan(self, receiver, own, peers, num_mini_batches, scores=None):
         own = [g for g in own if g.rollouts]
         batch = own_batch(receiver, own)
         mini_batches = split_rows(len(batch), num_mini_batches)

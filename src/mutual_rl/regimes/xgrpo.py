@@ -79,7 +79,7 @@ class XGRPO(Regime):
             raise ValueError(f"xgrpo: eps must be >= 0, got {eps}")
         self.eps = float(eps)
 
-    def plan(self, receiver, own, peers, num_mini_batches):
+    def plan(self, receiver, own, peers, num_mini_batches, scores=None):
         own = [g for g in own if g.rollouts]
         pairing = pair_peer_groups(own, peers)
         rollouts, advs, old_advs, sizes, pooled = [], [], [], [], 0

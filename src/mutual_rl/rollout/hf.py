@@ -26,7 +26,7 @@ on the CPU the one-token decoding steps attend with two ``bmm`` instead of ``sdp
 Under FSDP with several processes (each rank generating for its own prompts) sampling always uses ``generate``
 (the static loop does not run lockstep), and every rank runs the same number of ``generate`` calls -- missing ones
 as one-prompt dummies whose output is discarded -- with ``synced_gpus=True``, so ranks whose sequences finish early
-keep taking part in the others' forwards (``mutual_rl.update.lockstep``).
+keep taking part in the others' forwards (``mutual_rl.distributed.padded``).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from typing import Literal
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+from mutual_rl.distributed import in_lockstep, padded
 from mutual_rl.interfaces import RolloutEngine
 from mutual_rl.model.lm_head import base_model
 from mutual_rl.model.spec import SamplingSpec
@@ -48,7 +49,6 @@ from mutual_rl.rollout.static_decode import sampling_warpers, static_sample, sup
 from mutual_rl.strategies import generation_params
 from mutual_rl.thl.offsets import offsets_by_decoding
 from mutual_rl.types import Problem, Rollout
-from mutual_rl.update.lockstep import in_lockstep, padded
 from mutual_rl.warnings_filters import finished_row_pad_alarm_silenced
 
 

@@ -63,11 +63,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from mutual_rl.distributed import rank_and_world
+from mutual_rl.distributed import agree_max, rank_and_world
 from mutual_rl.rewards import RewardError
 from mutual_rl.stats import DynamicSamplingStats, RolloutStats, ScoringStats
 from mutual_rl.types import Problem, PromptBatch, Rollout, ScoredGroup
-from mutual_rl.update.lockstep import max_over_ranks
 
 EXTRA_GROUP_IDS = 2**50
 """First group id of the extra rounds' groups (the stream's ids ``batch.offset + i`` stay below it)."""
@@ -159,7 +158,7 @@ def dynamic_sample(generate: Generate, score: Score, batch: PromptBatch, *, step
     for r in range(1, max_rounds + 1):
         need = error is None and len(kept) < size
         flags = [int(need), int(error is not None)]
-        go, failed = max_over_ranks(flags) if lockstep else flags
+        go, failed = agree_max(flags) if lockstep else flags
         if failed or not go:
             break
         if not need:  # another rank still samples: take part in its collective passes

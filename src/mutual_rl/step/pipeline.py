@@ -6,8 +6,10 @@
    scored on text with GRPO advantages per own group; with ``algorithm.dynamic_sampling``, topped up with mixed groups
    from extra prompts (:mod:`mutual_rl.step.dynamic`). Each policy's groups are published to the exchange.
 2. Stored-peer mode: the recorded peers' groups for this step's prompts come out of the exchange.
-3. :func:`train_policy` -- per receiver: its learning rate, its regime's plan from its own and the delivered peer
-   groups, the aligned traces and the THL residual of what crossed, the exchange's accounting of every delivered
+3. :func:`train_policy` -- per receiver: its learning rate, what its regime requests before it plans (the
+   receiver's log-probs of crossed peer text, counts over every process: :mod:`mutual_rl.step.scoring`, the one
+   place a regime's forwards and collectives run), its plan from its own and the delivered peer groups and those
+   answers, the aligned traces and the THL residual of what crossed, the exchange's accounting of every delivered
    response, the update (:func:`mutual_rl.update.loop.update_policy`) and the engine's weight sync.
 4. The exchange closes the step (flow counts); under several processes the report is reduced over ranks
    (:func:`~mutual_rl.step.report.reduce_over_ranks`).
@@ -43,9 +45,11 @@ from mutual_rl.step.build import decay_ends as policy_decay_ends
 from mutual_rl.step.dynamic import Sampled, dynamic_sample, sample_round
 from mutual_rl.step.faults import RolloutFault, collect_sync_faults, engine_name, raise_fault_together
 from mutual_rl.step.report import PolicyStepReport, StepReport, reduce_over_ranks
+from mutual_rl.step.scoring import answer, receiver_logp
 from mutual_rl.types import PromptBatch
 from mutual_rl.update.config import GRPOConfig
 from mutual_rl.update.loop import update_policy
+from mutual_rl.update.packing import token_budget
 from mutual_rl.update.schedule import set_lr
 from mutual_rl.update.scoring import score_groups
 
@@ -189,7 +193,9 @@ def train_policy(ctx: StepContext, spec: PolicySpec, sampled: Sampled, step: int
     t0 = time.perf_counter()
     lr = set_lr(optimizer, spec.optimizer, step, ctx.decay_ends.get(name))
     delivered = ex.deliveries(name)
-    plan = regime.plan(policy, sampled.groups, delivered, ctx.algorithm.num_mini_batches)
+    budget = token_budget(policy, ctx.algorithm.max_tokens_per_micro_batch)
+    scores = answer(policy, regime.request(policy, sampled.groups, delivered), budget)  # forwards, collectives
+    plan = regime.plan(policy, sampled.groups, delivered, ctx.algorithm.num_mini_batches, scores)
     if plan.crossed:  # aligned traces (PRP peer_aligned) go with the step's traffic (stored, not delivered)
         traces = trace_records(plan.crossed, [g for gs in delivered.values() for g in gs])
         if traces:
@@ -197,7 +203,7 @@ def train_policy(ctx: StepContext, spec: PolicySpec, sampled: Sampled, step: int
     thl = {}
     every = ctx.thl_residual_every_n_steps
     if plan.crossed is not None and every and step % every == 0:
-        thl = thl_residual(policy, plan.crossed, granularity=regime.granularity)
+        thl = thl_residual(plan.crossed, receiver_logp(policy, plan.crossed, budget), granularity=regime.granularity)
     for source, flow in plan.flows.items():
         ex.report(name, source, consumed=flow.get("consumed", 0),
                   dropped={k: v for k, v in flow.items() if k != "consumed"})

@@ -30,6 +30,7 @@ added before its optimizer step.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -37,14 +38,14 @@ import torch
 
 from mutual_rl.algorithms import masked_mean, policy_loss, zero_advantage_skip_mask
 from mutual_rl.algorithms.rollout_correction import behaviour_weighted, correction_weights
+from mutual_rl.distributed import agree_max, agree_sum, in_lockstep, padded, rank_and_world
 from mutual_rl.stats import UpdateStats
 from mutual_rl.strategies import clip_grad_norm_
 from mutual_rl.types import NLLTerm, PolicyBatch, TrainingPlan
 from mutual_rl.update.accumulate import _MiniBatchResult
 from mutual_rl.update.config import GRPOConfig
-from mutual_rl.update.lockstep import in_lockstep, max_over_ranks, padded, sum_over_ranks, world_size
 from mutual_rl.update.objectives import Norms, Objective, resolve
-from mutual_rl.update.packing import lengths, narrow, pack, token_budget, widen
+from mutual_rl.update.packing import lengths, narrow, pack, part_size, token_budget, widen
 
 _UNBOUNDED = 1 << 62  # no token bound (a budget of 0)
 
@@ -78,21 +79,22 @@ def recompute_old_logp(policy, batch: PolicyBatch, rows: list[int], temperature:
         if part is None:  # lockstep dummy
             policy.dummy_logp(temperature)
             continue
-        sub = narrow(batch.select(part))
+        sub = narrow(batch.select(part), part_size(part, prompt, response))
         logp, _ = policy.response_logp(sub.input_ids, sub.attention_mask, sub.response_width, temperature)
         batch.old_logp[part] = widen(logp.float() * sub.response_mask, batch.response_width)
 
 
 def nll_loss(policy, nll: NLLTerm, rows: list[int], temperature: float,
-             num_rows: float | None = None) -> tuple[torch.Tensor, float]:
+             num_rows: float | None = None, size: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``coef · sum_rows[token-mean NLL] / num_rows`` of ``rows`` of the NLL batch (on the policy's device;
     ``num_rows``: the mini-batch's NLL row count, global under FSDP lockstep, so the term is ``coef ·`` the mean
-    NLL of the mini-batch's rows; ``None``: ``len(rows)``), and the unscaled local mean NLL."""
-    sub = narrow(nll.batch.select(rows))
+    NLL of the mini-batch's rows; ``None``: ``len(rows)``), and the unscaled local mean NLL (a 0-d tensor, read
+    with the update's other values). ``size``: the rows' longest prompt and response (``packing.part_size``)."""
+    sub = narrow(nll.batch.select(rows), size)
     logp, _ = policy.response_logp(sub.input_ids, sub.attention_mask, sub.response_width, temperature)
     per_seq = -(logp * sub.response_mask).sum(-1) / sub.response_mask.sum(-1).clamp(min=1)
     total = per_seq.sum() / (num_rows if num_rows is not None else len(rows))
-    return nll.coef * total, float(per_seq.detach().mean())
+    return nll.coef * total, per_seq.detach().mean()
 
 
 @dataclass
@@ -101,6 +103,7 @@ class _MiniBatch:
 
     rows: list[int]
     parts: list[list[int]]  # active (non-skipped) positions in the mini-batch, per forward/backward
+    part_sizes: list[tuple[int, int]]  # per part: its longest prompt and response (packing.narrow without a read)
     nll_rows: list[int]
     token_count: torch.Tensor | float
     num_seqs: float
@@ -110,6 +113,9 @@ class _MiniBatch:
     num_parts: int = 0  # forwards to run (>= len(parts) under lockstep; the rest are dummies)
     nll_pass: bool = False  # whether an NLL forward/backward runs (a dummy one if nll_rows is empty)
     nll_parts: list[list[int]] = field(default_factory=list)  # NLL rows per forward (packed to the budget)
+    nll_part_sizes: list[tuple[int, int]] = field(default_factory=list)
+    part_rows: list[tuple[tuple[bool, ...], tuple[bool, ...]]] = field(default_factory=list)
+    """Per part, per row: is it a peer row, has it a response token (``Norms.is_peer`` / ``has_tokens``)."""
     num_nll_parts: int = 0  # NLL forwards to run (>= len(nll_parts) under lockstep; the rest are dummies)
 
 
@@ -132,6 +138,8 @@ def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: 
     batch = plan.batch
     nll_mbs = plan.nll.mini_batches if plan.nll is not None else []
     skipped = skip.tolist()  # one device read, not one per row
+    has_tokens = (batch.response_mask.sum(-1) > 0).tolist()
+    is_peer = batch.is_peer.tolist()
     prompt, response = lengths(batch)
     nll_prompt, nll_response = lengths(plan.nll.batch) if plan.nll is not None else ([], [])
     budget = budget or _UNBOUNDED
@@ -140,22 +148,28 @@ def _mini_batches(plan: TrainingPlan, skip: torch.Tensor, micro: int, lockstep: 
         mask = batch.response_mask[rows] if rows else batch.response_mask[:0]
         active = [j for j, r in enumerate(rows) if not skipped[r]]  # positions in the mini-batch
         nll_rows = list(nll_mbs[i]) if i < len(nll_mbs) else []
+        mb_prompt, mb_response = [prompt[r] for r in rows], [response[r] for r in rows]
+        parts = pack(active, mb_prompt, mb_response, budget, micro)
+        nll_parts = pack(nll_rows, nll_prompt, nll_response, budget, micro)
         out.append(_MiniBatch(
-            rows=list(rows), parts=pack(active, [prompt[r] for r in rows], [response[r] for r in rows], budget, micro),
-            nll_rows=nll_rows, nll_parts=pack(nll_rows, nll_prompt, nll_response, budget, micro),
-            token_count=mask.sum(), num_seqs=int((mask.sum(-1) > 0).sum()), max_len=max_len,
+            rows=list(rows), parts=parts, part_sizes=[part_size(p, mb_prompt, mb_response) for p in parts],
+            part_rows=[(tuple(bool(is_peer[rows[j]]) for j in p), tuple(bool(has_tokens[rows[j]]) for j in p))
+                       for p in parts],
+            nll_rows=nll_rows, nll_parts=nll_parts,
+            nll_part_sizes=[part_size(p, nll_prompt, nll_response) for p in nll_parts],
+            token_count=mask.sum(), num_seqs=sum(has_tokens[r] for r in rows), max_len=max_len,
         ))
     for mb in out:
         mb.num_parts, mb.num_nll_parts, mb.nll_pass = len(mb.parts), len(mb.nll_parts), bool(mb.nll_rows)
         mb.nll_num_rows = float(len(mb.nll_rows))
     if not lockstep:
         return out
-    world = world_size()
-    m = max_over_ranks([len(out)])[0]
-    out += [_MiniBatch(rows=[], parts=[], nll_rows=[], token_count=0.0, num_seqs=0, max_len=max_len)
+    world = rank_and_world()[1]
+    m = agree_max([len(out)])[0]
+    out += [_MiniBatch(rows=[], parts=[], part_sizes=[], nll_rows=[], token_count=0.0, num_seqs=0, max_len=max_len)
             for _ in range(m - len(out))]
-    maxes = max_over_ranks([mb.num_parts for mb in out] + [mb.num_nll_parts for mb in out])
-    sums = sum_over_ranks([float(mb.token_count) for mb in out] + [mb.num_seqs for mb in out]
+    maxes = agree_max([mb.num_parts for mb in out] + [mb.num_nll_parts for mb in out])
+    sums = agree_sum([float(mb.token_count) for mb in out] + [mb.num_seqs for mb in out]
                      + [len(mb.nll_rows) for mb in out])
     for i, mb in enumerate(out):
         mb.num_parts, mb.num_nll_parts = maxes[i], maxes[m + i]
@@ -220,6 +234,7 @@ def update_policy(
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             norm = clip_grad_norm_(params, policy.spec.optimizer.grad_clip or float("inf"), sharded=lockstep)
+            (norm,) = res.settle(norm)  # the update's one read of its values
             n_updates += 1
             if not _step_allowed(policy, cfg, res, norm, mbi, plan, n_updates - 1, lockstep):
                 zero_grad()
@@ -228,7 +243,7 @@ def update_policy(
             total.absorb(res)
             steps_metrics["loss"] += res.loss
             steps_metrics["nll"] += res.nll
-            steps_metrics["grad_norm"] += float(norm)
+            steps_metrics["grad_norm"] += norm
             step_optimizer()
             policy.version += 1
             n_steps += 1
@@ -254,7 +269,7 @@ def _refuse_nonfinite_advantages(policy, plan: TrainingPlan, cfg: GRPOConfig, lo
     batch = plan.batch
     bad = not bool(torch.isfinite(batch.advantages).all())
     if lockstep:  # every rank refuses the same updates (each forward of a sharded model is collective)
-        bad = bool(max_over_ranks([int(bad)])[0])
+        bad = bool(agree_max([int(bad)])[0])
     if not bad:
         return None
     rows = (~torch.isfinite(batch.advantages)).nonzero().squeeze(-1).tolist()
@@ -284,11 +299,13 @@ def _recompute_and_measure(policy, batch: PolicyBatch, rows: list[int], temperat
 
 
 def _weighted_objective(objective: Objective, logp, sub, ref, w, mbi: _MiniBatch, cfg: GRPOConfig,
-                        update_index: int):
+                        update_index: int, rows: tuple[tuple[bool, ...], tuple[bool, ...]] | None = None):
     """The objective with the rollout correction's weights ``w`` on the behaviour term only: the objective sees
     ``logp`` with each token's gradient scaled by ``w``; a KL term's gradient is restored by a zero-valued term
-    (``policy_loss`` with zero advantages: the KL alone, over the same normalisers, with the ``1 − w`` share)."""
-    norms = Norms(token_count=mbi.token_count, num_seqs=mbi.num_seqs, max_len=mbi.max_len)
+    (``policy_loss`` with zero advantages: the KL alone, over the same normalisers, with the ``1 − w`` share).
+    ``rows``: the part's host flags per row (peer row, has tokens), for :class:`Norms`."""
+    norms = Norms(token_count=mbi.token_count, num_seqs=mbi.num_seqs, max_len=mbi.max_len,
+                  is_peer=rows[0] if rows else None, has_tokens=rows[1] if rows else None)
     if w is None:
         return objective.loss(logp, sub, norms, ref, update_index)
     loss, stats = objective.loss(behaviour_weighted(logp, w), sub, norms, ref, update_index)
@@ -319,7 +336,7 @@ def _forward_backward(policy, plan: TrainingPlan, mbi: _MiniBatch, objective: Ob
                     policy.dummy_logp(temperature, reference=True)
             backward(policy.dummy_logp(temperature).sum() * 0.0)
             continue
-        sub = narrow(mb.select(mbi.parts[k]))  # on its own width (update/packing.py)
+        sub = narrow(mb.select(mbi.parts[k]), mbi.part_sizes[k])  # on its own width (update/packing.py)
         ref = None
         if cfg.kl_coef:
             with torch.no_grad():
@@ -328,35 +345,34 @@ def _forward_backward(policy, plan: TrainingPlan, mbi: _MiniBatch, objective: Ob
         logp, entropy = policy.response_logp(sub.input_ids, sub.attention_mask, sub.response_width, temperature,
                                              with_entropy=True)
         w = None if weights is None else weights[[mbi.rows[j] for j in mbi.parts[k]]][:, :sub.response_width]
-        loss, stats = _weighted_objective(objective, logp, sub, ref, w, mbi, cfg, update_index)
+        loss, stats = _weighted_objective(objective, logp, sub, ref, w, mbi, cfg, update_index, mbi.part_rows[k])
         loss = loss * mbi.scale
-        res.finite &= bool(torch.isfinite(loss.detach()))
         backward(loss)
-        n_tok = float(sub.response_mask.sum())
-        res.tokens += n_tok
+        n_tok = sub.response_mask.sum()  # device values wait for the update's one read (res.settle)
+        res.add_tokens(n_tok)
         res.add_stats(stats, n_tok)
-        res.add(("rows", "entropy"), float(masked_mean(entropy, sub.response_mask)), n_tok)
-        res.loss += float(loss.detach())
+        res.add(("rows", "entropy"), masked_mean(entropy, sub.response_mask).detach(), n_tok)
+        res.add_loss(loss)
     for k in range(mbi.num_nll_parts):
         if k < len(mbi.nll_parts):
             part = mbi.nll_parts[k]
-            extra, mean_nll = nll_loss(policy, plan.nll, part, temperature, mbi.nll_num_rows)
+            extra, mean_nll = nll_loss(policy, plan.nll, part, temperature, mbi.nll_num_rows,
+                                       mbi.nll_part_sizes[k])
             extra = extra * mbi.scale
-            res.finite &= bool(torch.isfinite(extra.detach()))
-            res.nll += mean_nll * len(part) / len(mbi.nll_rows)  # the mean over the mini-batch's NLL rows
-            res.loss += float(extra.detach())
+            res.add_nll(mean_nll, len(part), len(mbi.nll_rows))  # the mean over the mini-batch's NLL rows
+            res.add_loss(extra)
         else:  # lockstep dummy (another rank has more NLL forwards in this mini-batch)
             extra = policy.dummy_logp(temperature).sum() * 0.0
         backward(extra)
     return res
 
 
-def _step_allowed(policy, cfg: GRPOConfig, res: _MiniBatchResult, norm: torch.Tensor, mbi: _MiniBatch,
+def _step_allowed(policy, cfg: GRPOConfig, res: _MiniBatchResult, norm: float, mbi: _MiniBatch,
                   plan: TrainingPlan, update_index: int, lockstep: bool) -> bool:
     """Whether this mini-batch's optimizer step may be taken: its loss and gradient norm are finite on every rank.
     Otherwise ``raise`` mode raises :class:`NonFiniteUpdateError`; ``skip`` mode returns False."""
-    local_bad = (not res.finite) or not bool(torch.isfinite(norm))
-    bad = bool(max_over_ranks([int(local_bad)])[0]) if lockstep else local_bad  # every rank refuses the same steps
+    local_bad = (not res.finite) or not math.isfinite(norm)
+    bad = bool(agree_max([int(local_bad)])[0]) if lockstep else local_bad  # every rank refuses the same steps
     if not bad:
         return True
     if cfg.on_nonfinite == "raise":
@@ -377,7 +393,7 @@ def _check_finite_weights(policy, params: list[torch.Tensor], lockstep: bool) ->
     """Raise :class:`NonFiniteUpdateError` if any trainable weight is NaN/inf after the update (one reduction)."""
     finite = bool(torch.stack([torch.isfinite(p.detach()).all() for p in params]).all()) if params else True
     if lockstep:
-        finite = not max_over_ranks([int(not finite)])[0]
+        finite = not agree_max([int(not finite)])[0]
     if not finite:
         names = [n for n, p in policy.named_parameters() if p.requires_grad and not bool(torch.isfinite(p).all())]
         raise NonFiniteUpdateError(

@@ -88,13 +88,15 @@ class DAPO:
                              ref_logp[own_rows] if ref_logp is not None else None)
         return zero + loss, {f"self/{k}": m[k] for k in keys}
 
-    def split_metrics(self, logp, sub, max_len) -> dict[str, torch.Tensor]:
-        """Clip fractions, ratio and approx. KL of self and peer tokens separately (``self/...``, ``peer/...``)."""
+    def split_metrics(self, logp, sub, max_len, peer: tuple[bool, ...]) -> dict[str, torch.Tensor]:
+        """Clip fractions, ratio and approx. KL of self and peer tokens separately (``self/...``, ``peer/...``);
+        ``peer``: per row, whether it is a peer row (host flags)."""
         out: dict[str, torch.Tensor] = {}
         with torch.no_grad():
-            for tag, rows in (("self", ~sub.is_peer), ("peer", sub.is_peer)):
-                if rows.any():
-                    part = sub.select(rows.nonzero().squeeze(-1))
+            for tag in ("self", "peer"):
+                rows = [i for i, p in enumerate(peer) if p == (tag == "peer")]
+                if rows:
+                    part = sub.select(rows)
                     _, m = self.terms(logp.detach()[rows], part, None, None, max_len, None, with_kl=False)
                     for k in ("clip_frac_low", "clip_frac_high", "ratio_mean", "approx_kl"):
                         out[f"{tag}/{k}"] = m[k]
@@ -103,8 +105,9 @@ class DAPO:
 
     def loss(self, logp, sub, norms, ref_logp=None, update_index=0):
         loss, metrics = self.terms(logp, sub, norms.token_count, norms.num_seqs, norms.max_len, ref_logp)
-        if sub.is_peer.any():
-            metrics.update(self.split_metrics(logp, sub, norms.max_len))
+        peer = norms.peer_flags(sub)
+        if any(peer):
+            metrics.update(self.split_metrics(logp, sub, norms.max_len, peer))
         else:  # every row is own: ``self/approx_kl`` (logged by every objective, comparable across regimes)
             metrics["self/approx_kl"], metrics["self/num_tokens"] = metrics["approx_kl"], metrics["num_tokens"]
         return loss, ObjectiveStats.from_algorithm(metrics)
@@ -119,8 +122,14 @@ def _own_peer(sub, norms: Norms):
         token_count = mask.sum()
     if num_seqs is None:
         num_seqs = int((mask.sum(-1) > 0).sum())
-    peer = sub.is_peer
-    return token_count, num_seqs, (~peer).nonzero().squeeze(-1), peer.nonzero().squeeze(-1)
+    peer = norms.peer_flags(sub)
+    return token_count, num_seqs, [i for i, p in enumerate(peer) if not p], [i for i, p in enumerate(peer) if p]
+
+
+def _present(norms: Norms, sub) -> dict[str, bool]:
+    """Whether the micro-batch has own (``self``) and peer rows with response tokens (host flags)."""
+    peer, has = norms.peer_flags(sub), norms.token_flags(sub)
+    return {"self": any(h and not p for p, h in zip(peer, has)), "peer": any(h and p for p, h in zip(peer, has))}
 
 
 @dataclass(frozen=True)
@@ -209,6 +218,7 @@ class HACPOObjective:
         loss, metrics = hacpo_sequence_loss(
             logp, sub.response_mask, sub.old_logp, sub.source_mean_logp, sub.advantages, sub.is_peer,
             sub.cap_ratio, lower=self.lower(update_index), num_seqs=norms.num_seqs, alpha=self.alpha,
+            present=_present(norms, sub),
             self_clip_low=self.self_clip_low, self_clip_high=self.self_clip_high,
             log_ratio_clamp=self.log_ratio_clamp, ref_logp=ref_logp, kl_coef=_given(self.kl_coef, self, "kl_coef"),
             kl_kind=_given(self.kl_kind, self, "kl_kind"), kl_peer_rows=self.kl_peer_rows,

@@ -63,13 +63,16 @@ def pack(rows: list[int], prompt: list[int], response: list[int], budget: int, m
     return [sorted(p, key=position.__getitem__) for p in parts]
 
 
-def narrow(batch: PolicyBatch) -> PolicyBatch:
+def narrow(batch: PolicyBatch, size: tuple[int, int] | None = None) -> PolicyBatch:
     """``batch`` without the columns that are padding in every row: the leading prompt columns no row uses and the
     trailing response columns past its longest response (at least one kept). Per-token fields keep their first
-    ``t`` columns; the caller pads results back to the full width (:func:`widen`)."""
+    ``t`` columns; the caller pads results back to the full width (:func:`widen`). ``size``: the rows' longest
+    prompt and response when the caller knows them (:func:`part_size`; no device read), else read here."""
     width = batch.response_width
-    prompt, response = lengths(batch)
-    p, t = max(prompt, default=0), max(max(response, default=0), 1)
+    if size is None:
+        prompt, response = lengths(batch)
+        size = (max(prompt, default=0), max(response, default=0))
+    p, t = size[0], max(size[1], 1)
     start = batch.input_ids.shape[1] - width - p
     cols = slice(start, batch.input_ids.shape[1] - width + t)
     extra = {k: getattr(batch, k) for k in OPTIONAL_ROW_FIELDS}
@@ -80,6 +83,11 @@ def narrow(batch: PolicyBatch) -> PolicyBatch:
                        response_mask=batch.response_mask[:, :t], old_logp=batch.old_logp[:, :t],
                        advantages=batch.advantages, weights=batch.weights, is_peer=batch.is_peer,
                        prompt_ids=list(batch.prompt_ids), needs_old_logp=batch.needs_old_logp, **extra)
+
+
+def part_size(rows: list[int], prompt: list[int], response: list[int]) -> tuple[int, int]:
+    """The longest prompt and response among ``rows`` (lengths from :func:`lengths`), for :func:`narrow`."""
+    return max((prompt[r] for r in rows), default=0), max((response[r] for r in rows), default=0)
 
 
 def widen(values: torch.Tensor, width: int) -> torch.Tensor:
