@@ -7,7 +7,8 @@
 #   4. the HF rollout engine on the GPU (its trace is the trainer's log-probs)
 #   4b. the configuration a user would run, at reduced depth: Qwen3 (Qwen's 151k vocabulary) + SmolLM3 with random
 #      weights from config, bf16-mixed, FSDP, SGT, token budgets and the memory plan on auto, rollout correction tis;
-#      two steps; prints the card's plan, the memory held at step 0 against the plan, the peak of each phase and the
+#      two steps through the HF engine and, where vLLM is installed, through vLLM (SmolLM3 via vLLM's Transformers
+#      backend); prints the card's plan, the memory held at step 0 against the plan, the peak of each phase and the
 #      engine-vs-trainer mismatch (tests/gpu/test_real_arch.py)
 #   5. vLLM, when installed: the real-engine tests on the GPU (probe, stale control, LoRA, prefix cache, two engines,
 #      a fit), then scripts/bench_engines.py --check (vLLM vs HF tokens/s; fails unless the sampled log-probs match
@@ -87,7 +88,7 @@ step "training step on the GPU" 150 "${PYTEST[@]}" "tests/gpu/test_gpu_path.py::
 step "bf16-mixed step" 120 "${PYTEST[@]}" "tests/gpu/test_gpu_path.py::test_bf16_mixed_keeps_float32_master_weights"
 step "FSDP step" 120 "${PYTEST[@]}" "tests/gpu/test_gpu_path.py::test_one_fsdp_step"
 step "HF engine on the GPU" 90 "${PYTEST[@]}" "tests/gpu/test_gpu_path.py::test_hf_engine_on_the_gpu"
-step "real architectures, FSDP bf16, rollout correction" 180 "${PYTEST[@]}" -s tests/gpu/test_real_arch.py
+step "real architectures, FSDP bf16, rollout correction" 300 "${PYTEST[@]}" -s tests/gpu/test_real_arch.py
 
 if ! $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"; then
   echo "SKIP: vLLM (not installed: the device image has none, and its wheels exceed what a call may carry)"

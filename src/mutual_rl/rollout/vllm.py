@@ -74,6 +74,7 @@ from mutual_rl.rollout.vllm_process import (
     engine_placement,
     flat_logprobs,
     preserved_process_state,
+    shield_trainer_models,
 )
 from mutual_rl.rollout.vllm_records import (  # noqa: F401 (re-exported)
     build_rollouts,
@@ -187,6 +188,7 @@ class VLLMRolloutEngine(RolloutEngine):
         for name in self.per_policy:
             self._args(name)
         self.llms: dict[str, _Held] = {}
+        self._models: dict[str, torch.nn.Module] = {}  # every trainer model seen (shield_trainer_models)
         self._syncs: dict[str, int] = {}
         _OPEN.add(self)
 
@@ -281,6 +283,10 @@ class VLLMRolloutEngine(RolloutEngine):
             llm = vllm.LLM(model=tmp.name, load_format="dummy", logprobs_mode="processed_logprobs",
                            generation_config="vllm", **kwargs, **self.llm_kwargs)
             release = adopt(llm)
+        self._models[policy.name] = policy.model
+        if getattr(policy, "_reference", None) is not None:  # the KL reference: a copy outside the policy's modules
+            self._models[f"{policy.name} (reference)"] = policy._reference[0]
+        shield_trainer_models(self._models.values())  # a build may have re-decorated a trainer model's class
         held = _Held(llm, policy.version, tmp, release=release)
 
         def load_and_record():

@@ -1,8 +1,9 @@
 """What an in-process vLLM engine takes from the process it runs in, and what :mod:`mutual_rl.rollout.vllm` does
 about it: the random generators and thread settings a build changes (put back), the CPU key/value budget of N
 engines in one process, where an engine is built (its rank's device, ``external_launcher`` under several
-processes), and the teardown of vLLM's process-wide groups (owned here, so one engine's end cannot take the
-others' groups, or the trainer's process group, with it)."""
+processes), the teardown of vLLM's process-wide groups (owned here, so one engine's end cannot take the
+others' groups, or the trainer's process group, with it), and the trainer models whose classes a build re-decorates
+(:func:`shield_trainer_models`)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,31 @@ def preserved_process_state():
             torch.cuda.set_rng_state_all(cuda)
         if np is not None:
             np.random.set_state(np_state)
+
+
+def shield_trainer_models(models) -> int:
+    """Undo, for the trainer's models, what a vLLM build did to their classes; returns the modules marked.
+
+    vLLM's Transformers backend serves an architecture it has no native model for (SmolLM3 on vLLM 0.32) by
+    decorating the transformers classes themselves (``support_torch_compile`` replaces their ``__init__`` and
+    ``__call__`` for the whole process), so a trainer model of such a class, built before the engine, fails in its
+    next forward: ``'SmolLM3Model' object has no attribute 'do_not_compile'`` (found by
+    ``tests/gpu/test_real_arch.py`` through vLLM on the CPU). Each such module is marked ``do_not_compile = True``:
+    the decorated ``__call__`` then runs its ``forward``, as ``nn.Module.__call__`` does for a module without hooks.
+    A module with forward hooks would lose them that way: that is refused, naming the class."""
+    marked = 0
+    for model in models:
+        for m in model.modules():
+            call = type(m).__dict__.get("__call__")
+            if call is None or not getattr(call, "__module__", "").startswith("vllm.") or "do_not_compile" in m.__dict__:
+                continue
+            if m._forward_hooks or m._forward_pre_hooks:
+                raise RuntimeError(f"vLLM replaced the call of {type(m).__name__} (its Transformers backend) and this "
+                                   "trainer module has forward hooks the replacement would skip; use an architecture "
+                                   "vLLM supports natively, or rollout_engine: hf.")
+            m.do_not_compile = True
+            marked += 1
+    return marked
 
 
 @functools.cache
