@@ -20,7 +20,9 @@ What it does, in order, and prints:
    *before* the sync (the stale engine: its gap, which must be caught) and after it (the synced gap and
    ``probe_moved_mean``);
 4. **throughput**: ``--pairs`` interleaved pairs (alternating order) of ``engine.generate`` on the same problems
-   with vLLM and with ``HFRolloutEngine``; tokens/s of each pair and the median ratio vLLM/HF.
+   with vLLM and with ``HFRolloutEngine`` (its default sampler); tokens/s of each pair and the median ratio vLLM/HF.
+   Run on models of several sizes (``--model``, ``--width/--layers``, ``--config``), the ratios give the size from
+   which ``rollout_engine: auto`` chooses vLLM (``rollout/auto.py``, ``CROSSOVER_PARAMS``).
 
 ``--hf-samplers T [T ...]`` runs none of that (no vLLM needed): the HF engine's two samplers side by side,
 ``HFRolloutEngine(sampler="static")`` (``rollout/static_decode.py``) vs ``sampler="generate"``, for each ``T`` new
@@ -184,8 +186,9 @@ def main() -> None:
                     help="only the HF engine's static sampler vs generate, at each T new tokens (no vLLM)")
     ap.add_argument("--full-length", action="store_true", help="--hf-samplers: suppress EOS until T tokens")
     ap.add_argument("--warmup", type=int, default=2, help="--hf-samplers: discarded pairs first")
-    ap.add_argument("--width", type=int, default=0, help="--hf-samplers: bench_step.py's GPT-2 of this width")
-    ap.add_argument("--layers", type=int, default=4, help="--hf-samplers: ... and depth")
+    ap.add_argument("--width", type=int, default=0, help="bench_step.py's scaled GPT-2 of this width (in place of "
+                    "--model)")
+    ap.add_argument("--layers", type=int, default=4, help="... and depth")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -199,10 +202,10 @@ def main() -> None:
     from mutual_rl.rollout.vllm import WeightSyncError
     from mutual_rl.stats import flatten
 
-    policy, task = _policy(args)
+    policy, task = _wide_policy(args) if args.width else _policy(args)
     sampling = policy.spec.sampling
     problems = task.train_problems()[: args.prompts]
-    out: dict = {"model": policy.spec.model, "lora": policy.spec.lora is not None, "device": args.device,
+    out: dict = {"model": policy.spec.model if not args.width else f"gpt2-w{args.width}-l{args.layers}", "lora": policy.spec.lora is not None, "device": args.device,
                  "threads": torch.get_num_threads(), "params": sum(p.numel() for p in policy.model.parameters())}
     kv = args.kv_bytes if args.device == "cpu" else None
     engine = VLLMRolloutEngine(dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_memory_bytes=kv,

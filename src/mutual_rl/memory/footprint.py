@@ -8,6 +8,8 @@ Row length ``max_len`` (prompt + response tokens): the engine's ``max_model_len`
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 from torch import nn
 
@@ -88,9 +90,12 @@ def settings_from_config(cfg: dict, *, world: int | None = None) -> Settings:
     dtypes = {p.get("dtype", "float32") for p in model.get("policies", [])}
     if dtypes & {"bfloat16", "float16"}:
         master = compute = 2
-    engine = model.get("rollout_engine", "hf")
+    engine = model.get("rollout_engine", "auto")
     eng_args = engine.get("init_args", {}) if isinstance(engine, dict) else {}
-    kind = "vllm" if "vllm" in str(engine.get("class_path", "") if isinstance(engine, dict) else engine).lower() else "hf"
+    name = str(engine.get("class_path", "") if isinstance(engine, dict) else engine).lower()
+    kind = "vllm" if "vllm" in name else "hf"
+    if "auto" in name and importlib.util.find_spec("vllm") is not None:  # auto may choose vLLM: plan its engines
+        kind, eng_args = "vllm", eng_args.get("vllm") or {}
     util = eng_args.get("gpu_memory_utilization", "auto")
     per = eng_args.get("per_policy", {}) or {}
     utilization = {}

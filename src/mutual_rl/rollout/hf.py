@@ -107,7 +107,7 @@ class HFRolloutEngine(RolloutEngine):
         if placement != "colocate":
             raise ValueError(f"placement of policy {name!r} is device {placement!r}, but rollout_engine 'hf' "
                              "generates with the training weights on the trainer's device; use placement "
-                             "'colocate', or rollout_engine: vllm to serve the policy's rollouts on another device.")
+                             "'colocate' (the vLLM engine runs in the training process too, bound to its device).")
 
     @torch.no_grad()
     def generate(

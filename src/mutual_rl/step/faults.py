@@ -59,7 +59,8 @@ class RolloutFault(RuntimeError):
 
 
 def engine_name(engine) -> str:
-    return type(engine).__name__
+    """The engine's class name (``rollout_engine: auto``: the one it chose)."""
+    return type(getattr(engine, "chosen", None) or engine).__name__
 
 
 def raise_fault_together(error: BaseException | None, fault: RolloutFault, what: str) -> None:

@@ -1,0 +1,129 @@
+"""``rollout_engine: auto`` (the default): vLLM where it is installed and samples faster than Hugging Face, else HF.
+
+The choice is made once per run, when the policies are built (the module's ``setup``, before the memory plan; or
+at the first rollout outside Lightning), and said in one line:
+
+* vLLM is not installed -> HF (:class:`~mutual_rl.rollout.hf.HFRolloutEngine`);
+* the run's largest policy has fewer than ``min_params`` parameters -> HF: below that size vLLM's per-call overhead
+  costs more than its faster decoding saves (:data:`CROSSOVER_PARAMS`, measured with ``scripts/bench_engines.py``
+  on models of several sizes: docs/benchmarks.md);
+* else vLLM (:class:`~mutual_rl.rollout.vllm.VLLMRolloutEngine` with ``vllm`` as its arguments). If it cannot start
+  (it does not import, or its first rollout raises: an architecture it does not support, no memory, ...), the run
+  falls back to HF for good, with one line naming the error; the vLLM engines built so far are closed.
+
+Everything else -- ``place``, ``sync_weights``, ``close``, greedy evaluation through the engine, the memory plan's
+view of the engine's arguments -- goes to the chosen engine (attributes not defined here are the chosen engine's).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Mapping, Sequence
+
+from mutual_rl.interfaces import RolloutEngine
+from mutual_rl.rollout.hf import HFRolloutEngine
+from mutual_rl.rollout.vllm import VLLMRolloutEngine
+from mutual_rl.sampling import SamplingSpec
+from mutual_rl.types import Problem, Rollout
+
+CROSSOVER_PARAMS = 30_000_000
+"""Parameters of the largest policy from which vLLM is chosen (measured on CPU: docs/benchmarks.md)."""
+
+
+def _params(policy) -> int:
+    counts = getattr(policy, "param_counts", None) or {}
+    if counts.get("params"):
+        return int(counts["params"])  # counted at build time, before any sharding
+    return sum(p.numel() for p in policy.model.parameters())
+
+
+class AutoRolloutEngine(RolloutEngine):
+    """vLLM where it is installed and the run's largest policy reaches ``min_params`` parameters, else Hugging Face
+    (module docstring).
+
+    Args:
+        min_params: parameters of the largest policy from which vLLM is chosen.
+        hf: init arguments of the HF engine (when it is chosen, or fallen back to).
+        vllm: init arguments of the vLLM engine (when it is chosen).
+    """
+
+    def __init__(self, min_params: int = CROSSOVER_PARAMS, hf: dict | None = None, vllm: dict | None = None):
+        if isinstance(min_params, bool) or not isinstance(min_params, int) or min_params < 0:
+            raise ValueError(f"rollout engine auto: min_params must be a number of parameters >= 0, got "
+                             f"{min_params!r}.")
+        self.min_params = min_params
+        self.hf_args, self.vllm_args = dict(hf or {}), dict(vllm or {})
+        self.chosen: RolloutEngine | None = None
+        self.reason = ""
+        self._started: set[str] = set()  # policies whose vLLM engine started
+
+    def choose(self, policies: Mapping[str, object] | Sequence[object]) -> RolloutEngine:
+        """The engine for a run of ``policies`` (by name, e.g. the module's ``ModuleDict``, or a list; once: later
+        calls return the same), said in one line."""
+        if self.chosen is not None:
+            return self.chosen
+        items = list(policies.values()) if hasattr(policies, "values") else list(policies)
+        largest = max((_params(p) for p in items), default=0)
+        size = f"largest policy {largest / 1e6:.1f} M parameters"
+        if importlib.util.find_spec("vllm") is None:
+            self._pick(HFRolloutEngine(**self.hf_args), f"Hugging Face (vLLM is not installed; {size})")
+        elif largest < self.min_params:
+            self._pick(HFRolloutEngine(**self.hf_args),
+                       f"Hugging Face ({size} < {self.min_params / 1e6:g} M, below which HF samples faster)")
+        else:
+            try:
+                engine = VLLMRolloutEngine(**self.vllm_args)
+            except Exception as e:  # noqa: BLE001 - installed but unusable (a broken install): HF, said once
+                self._pick(HFRolloutEngine(**self.hf_args), f"Hugging Face (vLLM could not start: "
+                                                            f"{type(e).__name__}: {str(e).splitlines()[0]})")
+            else:
+                self._pick(engine, f"vLLM ({size} >= {self.min_params / 1e6:g} M)")
+        return self.chosen
+
+    def _pick(self, engine: RolloutEngine, reason: str) -> None:
+        from mutual_rl.distributed import rank_and_world
+
+        self.chosen, self.reason = engine, reason
+        if rank_and_world()[0] == 0:
+            print(f"mutual-rl: rollout engine (auto): {reason}", file=sys.stderr, flush=True)
+
+    def _fall_back(self, policy, error: Exception) -> None:
+        self.chosen.close()
+        self._pick(HFRolloutEngine(**self.hf_args), f"Hugging Face from here on: vLLM could not start for policy "
+                                                    f"{policy.name!r} ({type(error).__name__}: "
+                                                    f"{str(error).splitlines()[0] if str(error) else ''})")
+
+    def generate(self, policy, problems: Sequence[Problem], sampling: SamplingSpec, *, step: int,
+                 group_id_base: int = 0) -> list[list[Rollout]]:
+        engine = self.chosen or self.choose([policy])
+        if not isinstance(engine, VLLMRolloutEngine) or policy.name in self._started:
+            return engine.generate(policy, problems, sampling, step=step, group_id_base=group_id_base)
+        try:
+            out = engine.generate(policy, problems, sampling, step=step, group_id_base=group_id_base)
+        except Exception as e:  # noqa: BLE001 - the engine could not start: HF from here on, said once
+            self._fall_back(policy, e)
+            return self.chosen.generate(policy, problems, sampling, step=step, group_id_base=group_id_base)
+        self._started.add(policy.name)
+        return out
+
+    def place(self, name: str, placement: str | int) -> None:
+        if self.chosen is None and placement != "colocate":  # before the choice: both engines' rule
+            raise ValueError(f"placement of policy {name!r} is device {placement!r}, but the rollout engines run in "
+                             "the training process on its device (Hugging Face generates with the training weights; "
+                             "the vLLM engine is bound to the process's device); use placement 'colocate'.")
+        if self.chosen is not None:
+            self.chosen.place(name, placement)
+
+    def sync_weights(self, policy):
+        return None if self.chosen is None else self.chosen.sync_weights(policy)
+
+    def close(self) -> None:
+        if self.chosen is not None:
+            self.chosen.close()
+
+    def __getattr__(self, name: str):
+        chosen = self.__dict__.get("chosen")
+        if chosen is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(chosen, name)
