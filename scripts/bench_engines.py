@@ -116,9 +116,10 @@ def _wide_policy(args):
     from bench_step import load_model
 
     task = ArithmeticTask()
-    spec = PolicySpec(name="p", model="tiny:gpt2-bpe", warmstart=WarmStart(steps=600),
-                      sampling=SamplingSpec(n=args.n, max_new_tokens=args.max_new_tokens))
-    ns = argparse.Namespace(workload="tiny", width=args.width, layers=args.layers, warmstart_steps=600, seed=0)
+    spec = PolicySpec(name="p", model="tiny:gpt2-bpe", warmstart=WarmStart(steps=args.warmstart_steps),
+                      sampling=SamplingSpec(n=args.n, max_new_tokens=args.max_new_tokens, temperature=1.0))
+    ns = argparse.Namespace(workload="tiny", width=args.width, layers=args.layers,
+                            warmstart_steps=args.warmstart_steps, seed=0)
     model, tok = load_model(ns, spec, task)
     return Policy(spec, model, tok), task
 
@@ -189,6 +190,8 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=0, help="bench_step.py's scaled GPT-2 of this width (in place of "
                     "--model)")
     ap.add_argument("--layers", type=int, default=4, help="... and depth")
+    ap.add_argument("--warmstart-steps", type=int, default=600, help="--width: warm-start steps (0: random weights, "
+                    "whose samples rarely stop early: every sample near --max-new-tokens, as for an engine comparison)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

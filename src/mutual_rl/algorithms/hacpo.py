@@ -48,8 +48,8 @@ def hacpo_advantages(rewards: torch.Tensor, ratio: torch.Tensor, is_own: torch.T
 
 def hacpo_sequence_terms(
     mean_logp: torch.Tensor, src_mean_logp: torch.Tensor, advantages: torch.Tensor, is_peer: torch.Tensor,
-    cap_ratio: torch.Tensor, lower: float, alpha: float = 1.0, self_clip_low: float = 3e-4,
-    self_clip_high: float = 4e-4, log_ratio_clamp: float = 10.0,
+    cap_ratio: torch.Tensor, lower: float, alpha: float, self_clip_low: float, self_clip_high: float,
+    log_ratio_clamp: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sequence surrogate terms (to maximise) and ratios ``s``; all args ``[B]`` (``mean_logp`` carries grad).
 
@@ -67,9 +67,9 @@ def hacpo_sequence_terms(
 def hacpo_sequence_loss(
     logp: torch.Tensor, mask: torch.Tensor, old_logp: torch.Tensor, src_mean_logp: torch.Tensor,
     advantages: torch.Tensor, is_peer: torch.Tensor, cap_ratio: torch.Tensor, *, lower: float,
-    num_seqs: float | int | torch.Tensor | None = None, alpha: float = 1.0, self_clip_low: float = 3e-4,
-    self_clip_high: float = 4e-4, log_ratio_clamp: float = 10.0, ref_logp: torch.Tensor | None = None,
-    kl_coef: float = 0.0, kl_kind: str = "k3", kl_peer_rows: bool = False,
+    num_seqs: float | int | torch.Tensor | None = None, alpha: float, self_clip_low: float, self_clip_high: float,
+    log_ratio_clamp: float, ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0, kl_kind: str = "k3",
+    kl_peer_rows: bool,
     present: dict[str, bool] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """HACPO loss of a micro-batch and its metrics.
@@ -80,7 +80,8 @@ def hacpo_sequence_loss(
     *mini-batch's* ``num_seqs`` (micro-batch invariant; default: this call's sequences with tokens), plus
     ``kl_coef · Σ_j tokenmean_t(kl_t) / num_seqs`` over own rows (every row with ``kl_peer_rows``).
     ``present``: whether own (``self``) and peer rows with tokens are in the micro-batch, known on the host (the
-    ``self/…`` and ``peer/…`` metrics exist only then); ``None``: read from ``is_peer`` and ``mask``.
+    ``self/…`` and ``peer/…`` metrics exist only then); ``None``: read from ``is_peer`` and ``mask``. HACPO's
+    parameters have no defaults here: they live in one place, the regime (``regimes/hacpo.py``).
     """
     m = mask.to(logp.dtype)
     n_tok = m.sum(-1)
