@@ -339,6 +339,8 @@ def main():
                       clip_low=0.2, clip_high=0.28, agg="token-mean", scale="group",
                       skip_zero_advantage=not args.no_skip_zero_adv)
     ours = OurStep(spec, model, tok, algo, reward)
+    engine = ours.module.engine  # rollout_engine auto (the default): the engine it chooses for this policy
+    ours.module.engine = ours.ctx.engine = engine.choose([ours.policy]) if hasattr(engine, "choose") else engine
     if args.min_new_tokens:  # EOS suppressed on our side too (a benchmark-only engine setting)
         ours.module.engine.benchmark_min_new_tokens = args.min_new_tokens
     ours.module.engine.decode_attention = not args.sdpa_decode

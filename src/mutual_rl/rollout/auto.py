@@ -5,8 +5,8 @@ at the first rollout outside Lightning), and said in one line:
 
 * vLLM is not installed -> HF (:class:`~mutual_rl.rollout.hf.HFRolloutEngine`);
 * the run's largest policy has fewer than ``min_params`` parameters -> HF: below that size vLLM's per-call overhead
-  costs more than its faster decoding saves (:data:`CROSSOVER_PARAMS`, measured with ``scripts/bench_engines.py``
-  on models of several sizes: docs/benchmarks.md);
+  costs more than its faster decoding saves (:data:`CROSSOVER_PARAMS`, 10 M, measured on CPU with
+  ``scripts/bench_engines.py`` on models of several sizes: docs/benchmarks.md);
 * else vLLM (:class:`~mutual_rl.rollout.vllm.VLLMRolloutEngine` with ``vllm`` as its arguments). If it cannot start
   (it does not import, or its first rollout raises: an architecture it does not support, no memory, ...), the run
   falls back to HF for good, with one line naming the error; the vLLM engines built so far are closed.
@@ -27,8 +27,12 @@ from mutual_rl.rollout.vllm import VLLMRolloutEngine
 from mutual_rl.sampling import SamplingSpec
 from mutual_rl.types import Problem, Rollout
 
-CROSSOVER_PARAMS = 30_000_000
-"""Parameters of the largest policy from which vLLM is chosen (measured on CPU: docs/benchmarks.md)."""
+CROSSOVER_PARAMS = 10_000_000
+"""Parameters of the largest policy from which vLLM is chosen. Measured on this 2-core CPU at 32e11cc (vLLM 0.32's CPU
+backend vs the HF engine's default sampler, tokens/s of 64-token samples, median of 3 interleaved pairs): vLLM/HF
+0.61 at 0.87 M parameters, 0.83 at 3.3 M, 1.12 at 10.7 M, 1.35 at 25.5 M, 1.17 at 85 M (GPT-2s of the tiny BPE
+vocabulary), 1.56 at SmolLM2-135M; the crossover lies between 3.3 and 10.7 M, and 10 M is the smallest size
+measured where vLLM wins (docs/benchmarks.md). Not measured on a GPU."""
 
 
 def _params(policy) -> int:
