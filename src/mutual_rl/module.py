@@ -341,6 +341,8 @@ class MutualRLModule(LightningModule):
         checks that the export, log and checkpoint folders are writable (:meth:`_check_output_dirs`)."""
         ignore_inapplicable_warnings()
         configure_threads(self.num_threads)
+        if hasattr(self.engine, "choose"):  # rollout_engine auto: vLLM or HF for this run (every stage), one line
+            self.engine.choose(self.policies)
         if stage == "fit":
             warn_on_true_half_precision(str(getattr(self.trainer, "precision", "")))
             self._check_output_dirs()
@@ -366,8 +368,6 @@ class MutualRLModule(LightningModule):
                              "(mutual_rl.strategies): each rank trains its own prompts, and only that strategy keeps "
                              "the ranks' passes in lockstep with global loss normalisers. DDP is not supported.")
         prepare_policies(self.policies)  # no shared prompt forward under lockstep or activation checkpointing
-        if hasattr(self.engine, "choose"):  # rollout_engine auto: vLLM or HF for this run, said in one line
-            self.engine.choose(self.policies)
         from mutual_rl.memory.fit import plan_before_fit
 
         # autocast dtype per policy; on CUDA the memory plan before step 0 (memory/plan.py), kept for inspection

@@ -54,7 +54,7 @@ def test_without_vllm_it_is_hf_with_one_line(policy, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"mutual-rl: rollout engine (auto): Hugging Face (vLLM is not installed; largest policy "
                    f"{policy.param_counts['params'] / 1e6:.1f} M parameters)"]
-    assert getattr(engine, "generate_greedy", None) is None  # greedy evaluation: HF generate
+    assert engine.generate_greedy(policy, PROBLEMS, 5) is None  # greedy evaluation: the evaluator's HF generate
     assert engine.sync_weights(policy) is None
 
 
@@ -89,7 +89,7 @@ KV = {"enforce_eager": True, "kv_cache_memory_bytes": 32 * 2**20}
 def test_vllm_chosen_then_unable_to_start_falls_back(policy, monkeypatch, capsys):
     engine = AutoRolloutEngine(min_params=policy.param_counts["params"], vllm=KV)
     assert type(engine.choose([policy])) is VLLMRolloutEngine and engine.chosen.defaults["enforce_eager"] is True
-    assert engine.generate_greedy.__self__ is engine.chosen  # what the evaluator and the memory plan see
+    assert engine.resolved_args.__self__ is engine.chosen  # what the memory plan sees
     closed = []
 
     def cannot_start(self, *args, **kwargs):  # fault injected: the engine's first rollout raises

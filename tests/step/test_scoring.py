@@ -142,3 +142,14 @@ def test_hacpo_request_counts_and_windows_by_hand():
     plan = plan_regime(reg, recv, own, {"s": peers["s"]}, 2)  # t delivered nothing: no account
     assert reg.windows == {"r": [(3, 3 / 8)], "s": [(3, 3 / 4)]}
     assert plan.metrics.capability == {"r": pytest.approx(3 / 8), "s": pytest.approx(3 / 4)}
+
+
+def test_graft_hacpo_rule_counts_successes_at_the_configured_threshold():
+    """GRAFT's HACPO rule requests its capability counts at ``algorithm.success_threshold`` (set on the GRAFT regime),
+    not at the rule's own default, from the first step on."""
+    own = [make_group("r", 0, [0.3, 0.3]), make_group("r", 1, [1, 0.3])]
+    peers = {"s": [make_group("s", 0, [0.7, 0.3]), make_group("s", 1, [0.3, 0.3])]}
+    reg = get_regime("graft", update_rule="hacpo", balance=False)
+    reg.success_threshold = 0.5
+    req = reg.request(FakeReceiver("r"), own, peers)
+    assert req.sums == (1.0, 4.0, 1.0, 4.0)  # rewards > 0.5: r has one (the 1), s one (the 0.7)

@@ -114,7 +114,7 @@ def hacpo_sequence_loss(
 
         every = torch.ones_like(is_peer)
         metrics["pg_loss"] = pg.detach()
-        metrics["L_m"] = torch.tensor(lower)
+        metrics["L_m"] = torch.tensor(lower, device=logp.device)
         metrics["seq_ratio_mean"] = tw(sd, every)
         for tag, rows in (("self", ~is_peer), ("peer", is_peer)):
             if not (present[tag] if present is not None else bool((rows & has).any())):

@@ -131,8 +131,9 @@ class Evaluator:
     def _greedy(self, policy, problems, max_new: int) -> list[str]:
         """Greedy texts through the engine when it decodes greedily itself (vLLM), else Hugging Face ``generate``."""
         through_engine = getattr(self.engine, "generate_greedy", None)
-        if through_engine is not None:
-            return through_engine(policy, problems, max_new)
+        texts = None if through_engine is None else through_engine(policy, problems, max_new)
+        if texts is not None:  # None: the engine does not decode greedily itself (rollout_engine auto with HF)
+            return texts
         return greedy_generate(policy, problems, max_new, self.cfg.greedy_batch_size)
 
     def add(self, policy, problems) -> None:

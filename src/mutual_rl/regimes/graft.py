@@ -289,6 +289,7 @@ class GRAFT(Regime):
         own = [g for g in own if g.rollouts]
         sel = self._select(own, peers)
         if self._rule is not None:
+            self._rule.success_threshold = self.success_threshold  # what the rule counts as a success, before it counts
             inner = self._rule.request(receiver, own, peers)
             return dataclasses.replace(inner, state=(sel, inner.state))
         crossing = self._cross(receiver, own, sel)

@@ -8,11 +8,14 @@ at the first rollout outside Lightning), and said in one line:
   costs more than its faster decoding saves (:data:`CROSSOVER_PARAMS`, 10 M, measured on CPU with
   ``scripts/bench_engines.py`` on models of several sizes: docs/benchmarks.md);
 * else vLLM (:class:`~mutual_rl.rollout.vllm.VLLMRolloutEngine` with ``vllm`` as its arguments). If it cannot start
-  (it does not import, or its first rollout raises: an architecture it does not support, no memory, ...), the run
-  falls back to HF for good, with one line naming the error; the vLLM engines built so far are closed.
+  (it does not import, or a policy's first rollout or greedy evaluation through it raises: an architecture it does
+  not support, no memory, ...), the run falls back to HF for good, with one line naming the error; the vLLM engines
+  built so far are closed. Under several processes the ranks agree first (one ``agree_max``), so every rank falls
+  back together and regenerates that rollout with HF. A wrong ``vllm`` argument (a ``ValueError``) is not a fall-back:
+  it is raised.
 
-Everything else -- ``place``, ``sync_weights``, ``close``, greedy evaluation through the engine, the memory plan's
-view of the engine's arguments -- goes to the chosen engine (attributes not defined here are the chosen engine's).
+Everything else -- ``place``, ``sync_weights``, ``close``, the memory plan's view of the engine's arguments -- goes to
+the chosen engine (attributes read and not defined here are the chosen engine's; set them on ``chosen``).
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ class AutoRolloutEngine(RolloutEngine):
         else:
             try:
                 engine = VLLMRolloutEngine(**self.vllm_args)
-            except Exception as e:  # noqa: BLE001 - installed but unusable (a broken install): HF, said once
+            except (ImportError, OSError, RuntimeError) as e:  # installed but unusable (a broken install): HF
                 self._pick(HFRolloutEngine(**self.hf_args), f"Hugging Face (vLLM could not start: "
                                                             f"{type(e).__name__}: {str(e).splitlines()[0]})")
             else:
@@ -98,18 +101,41 @@ class AutoRolloutEngine(RolloutEngine):
                                                     f"{policy.name!r} ({type(error).__name__}: "
                                                     f"{str(error).splitlines()[0] if str(error) else ''})")
 
-    def generate(self, policy, problems: Sequence[Problem], sampling: SamplingSpec, *, step: int,
-                 group_id_base: int = 0) -> list[list[Rollout]]:
+    def _first_use(self, policy, use):
+        """``use(engine)`` with the chosen engine; a policy's first use of vLLM falls back to HF when it raises on any
+        rank (the ranks agree), and then ``use`` runs again with HF."""
+        from mutual_rl.distributed import agree_max, is_distributed
+
         engine = self.chosen or self.choose([policy])
         if not isinstance(engine, VLLMRolloutEngine) or policy.name in self._started:
-            return engine.generate(policy, problems, sampling, step=step, group_id_base=group_id_base)
+            return use(engine)
+        out, error = None, None
         try:
-            out = engine.generate(policy, problems, sampling, step=step, group_id_base=group_id_base)
+            out = use(engine)
         except Exception as e:  # noqa: BLE001 - the engine could not start: HF from here on, said once
-            self._fall_back(policy, e)
-            return self.chosen.generate(policy, problems, sampling, step=step, group_id_base=group_id_base)
-        self._started.add(policy.name)
-        return out
+            error = e
+        failed = error is not None
+        if is_distributed():
+            failed = bool(agree_max([int(failed)])[0])
+        if not failed:
+            self._started.add(policy.name)
+            return out
+        self._fall_back(policy, error or RuntimeError("it failed on another rank"))
+        return use(self.chosen)
+
+    def generate(self, policy, problems: Sequence[Problem], sampling: SamplingSpec, *, step: int,
+                 group_id_base: int = 0) -> list[list[Rollout]]:
+        return self._first_use(policy, lambda engine: engine.generate(policy, problems, sampling, step=step,
+                                                                     group_id_base=group_id_base))
+
+    def generate_greedy(self, policy, problems: Sequence[Problem], max_new_tokens: int) -> list[str] | None:
+        """Greedy texts through the chosen engine when it decodes greedily itself (vLLM); ``None`` when it does not
+        (HF, or after a fall-back): the evaluator then decodes with Hugging Face ``generate``."""
+        def greedy(engine):
+            through = getattr(engine, "generate_greedy", None)
+            return None if through is None else through(policy, problems, max_new_tokens)
+
+        return self._first_use(policy, greedy)
 
     def place(self, name: str, placement: str | int) -> None:
         if self.chosen is None and placement != "colocate":  # before the choice: both engines' rule

@@ -69,8 +69,8 @@ def shield_trainer_models(models) -> int:
     marked = 0
     for model in models:
         for m in model.modules():
-            call = type(m).__dict__.get("__call__")
-            if call is None or not getattr(call, "__module__", "").startswith("vllm.") or "do_not_compile" in m.__dict__:
+            call = type(m).__call__  # inherited too: a subclass of a re-decorated class
+            if not getattr(call, "__module__", "").startswith("vllm.") or "do_not_compile" in m.__dict__:
                 continue
             if m._forward_hooks or m._forward_pre_hooks:
                 raise RuntimeError(f"vLLM replaced the call of {type(m).__name__} (its Transformers backend) and this "

@@ -118,10 +118,19 @@ class StepContext:
 
 
 def run_step(ctx: StepContext, batch: PromptBatch, step: int) -> StepReport:
-    """One training step of every policy on ``batch`` (module docstring)."""
+    """One training step of every policy on ``batch`` (module docstring). A step that raises is abandoned in the
+    exchange (not accounted, not stored), so the host can go on or resume."""
+    ctx.exchange.begin_step(step)
+    try:
+        return _run_step(ctx, batch, step)
+    except BaseException:
+        ctx.exchange.abandon_step()
+        raise
+
+
+def _run_step(ctx: StepContext, batch: PromptBatch, step: int) -> StepReport:
     ex = ctx.exchange
     rng = rng_state()  # a generate fault carries the streams of the step's start (step/faults.py)
-    ex.begin_step(step)
     sampled: dict[str, Sampled] = {}
     for spec in ctx.specs:
         error = None
@@ -194,7 +203,8 @@ def train_policy(ctx: StepContext, spec: PolicySpec, sampled: Sampled, step: int
     lr = set_lr(optimizer, spec.optimizer, step, ctx.decay_ends.get(name))
     delivered = ex.deliveries(name)
     budget = token_budget(policy, ctx.algorithm.max_tokens_per_micro_batch)
-    scores = answer(policy, regime.request(policy, sampled.groups, delivered), budget)  # forwards, collectives
+    scores = answer(policy, regime.request(policy, sampled.groups, delivered), budget,  # forwards, collectives
+                    ctx.algorithm.micro_batch_size)
     plan = regime.plan(policy, sampled.groups, delivered, ctx.algorithm.num_mini_batches, scores)
     if plan.crossed:  # aligned traces (PRP peer_aligned) go with the step's traffic (stored, not delivered)
         traces = trace_records(plan.crossed, [g for gs in delivered.values() for g in gs])
@@ -203,7 +213,8 @@ def train_policy(ctx: StepContext, spec: PolicySpec, sampled: Sampled, step: int
     thl = {}
     every = ctx.thl_residual_every_n_steps
     if plan.crossed is not None and every and step % every == 0:
-        thl = thl_residual(plan.crossed, receiver_logp(policy, plan.crossed, budget), granularity=regime.granularity)
+        thl = thl_residual(plan.crossed, receiver_logp(policy, plan.crossed, budget, ctx.algorithm.micro_batch_size),
+                           granularity=regime.granularity)
     for source, flow in plan.flows.items():
         ex.report(name, source, consumed=flow.get("consumed", 0),
                   dropped={k: v for k, v in flow.items() if k != "consumed"})

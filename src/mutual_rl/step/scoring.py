@@ -50,10 +50,10 @@ def receiver_logp(receiver, crossed: Sequence[CrossedRollout], budget: int = DEF
     return out
 
 
-def answer(receiver, request: ScoringRequest, budget: int = DEFAULT_TOKEN_BUDGET) -> Scores:
-    """The receiver's answers to ``request`` (module docstring); every rank must call it for the same regimes in the
-    same order."""
-    logp = None if request.rows is None else tuple(receiver_logp(receiver, request.rows, budget))
+def answer(receiver, request: ScoringRequest, budget: int = DEFAULT_TOKEN_BUDGET, max_rows: int = 0) -> Scores:
+    """The receiver's answers to ``request`` (module docstring; ``max_rows``: rows per forward, 0 = the budget
+    alone, as ``algorithm.micro_batch_size``); every rank must call it for the same regimes in the same order."""
+    logp = None if request.rows is None else tuple(receiver_logp(receiver, request.rows, budget, max_rows))
     sums = None if request.sums is None else tuple(agree_sum(list(request.sums)))
     maxes = None if request.maxes is None else tuple(agree_max(list(request.maxes)))
     return Scores(logp=logp, sums=sums, maxes=maxes, state=request.state)

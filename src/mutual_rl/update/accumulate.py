@@ -68,8 +68,10 @@ class _MiniBatchResult:
         for v in extra:
             tensors.setdefault(id(v), v)
         read = {}
-        if tensors:
-            values = torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors.values()]).tolist()
+        if tensors:  # on the first value's device (a statistic made on the CPU joins with a host-to-device copy)
+            device = next(iter(tensors.values())).device
+            values = torch.stack([t.detach().reshape(()).to(device=device, dtype=torch.float64)
+                                  for t in tensors.values()]).tolist()
             read = dict(zip(tensors, values))
 
         def val(v):
